@@ -1,0 +1,34 @@
+"""Exceptions jitgrad raises for a user's mistakes, each naming the op, the shapes and the user's line."""
+from __future__ import annotations
+
+
+class JitgradError(Exception):
+    """Base class of every error jitgrad raises on purpose."""
+
+
+class TraceError(JitgradError, TypeError):
+    """A traced function did something that cannot be recorded (raised at trace time)."""
+
+
+class ConcretizationError(TraceError):
+    """Python needed a concrete value (`if t > 0`, `float(t)`) where only a traced one exists."""
+
+
+class UnsupportedError(TraceError, NotImplementedError):
+    """A numpy function, ufunc, dtype or argument jitgrad does not support."""
+
+
+class ShapeError(JitgradError, ValueError):
+    """Shapes that do not broadcast, an out-of-range axis, a reshape that cannot hold the data."""
+
+
+class InputError(JitgradError, TypeError):
+    """A call passed arguments a compiled function cannot take (count, type, dtype, shape)."""
+
+
+class FunctionError(JitgradError, TypeError):
+    """A `jg.Function` subclass broke its protocol (gradient count, shape or dtype; saved values)."""
+
+
+class GradcheckError(JitgradError, AssertionError):
+    """`jg.gradcheck` found an analytic gradient that disagrees with finite differences."""

@@ -1,0 +1,266 @@
+"""The primitive op set, each declared once, side by side: its shape/dtype rule, numpy
+reference, VJP rule (written with jitgrad ops, so backward graphs are differentiable again)
+and its lowering (a scalar expression template for elementwise ops).
+
+Conventions the rest of the stack relies on:
+- elementwise primitives take inputs of one shape and (except `where`, `convert`) one dtype:
+  `ops` broadcasts and promotes before binding;
+- reductions keep reduced axes with length 1 (`ops` reshapes for keepdims=False);
+- `view` primitives (broadcast_to, reshape, transpose) only move indices, never compute;
+- a VJP rule gets (cotangents of outputs, input tracers, output tracers, params) and returns
+  one cotangent per input, None meaning zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import ShapeError
+from .ir import Aval
+
+PRIMITIVES: dict[str, "Primitive"] = {}
+
+
+@dataclass(eq=False)
+class Primitive:
+    """One IR operation. `kind` tells fusion how it may be grouped."""
+
+    name: str
+    kind: str  # "elementwise" | "reduce" | "view" | "host" | "custom"
+    abstract_eval: Callable[..., Aval | list[Aval]]
+    impl: Callable[..., Any]
+    vjp: Callable[..., Sequence[Any]] | None = None
+    cpu: str | None = None  # elementwise: template over {0}, {1}, ... ; reduce: the combiner
+    backward_label: str = ""
+    params_doc: dict[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name})"
+
+    @property
+    def label(self) -> str:
+        return self.backward_label or "".join(p.capitalize() for p in self.name.split("_")) + "Backward"
+
+
+def declare(prim: Primitive) -> Primitive:
+    PRIMITIVES[prim.name] = prim
+    return prim
+
+
+# ---------------------------------------------------------------- shape/dtype rules
+
+def _same(avals: Sequence[Aval], **_: Any) -> Aval:
+    first = avals[0]
+    return Aval(first.shape, first.dtype, all(a.weak for a in avals))
+
+
+def _to_bool(avals: Sequence[Aval], **_: Any) -> Aval:
+    return Aval(avals[0].shape, np.dtype(bool), False)
+
+
+def _where_rule(avals: Sequence[Aval], **_: Any) -> Aval:
+    return Aval(avals[1].shape, avals[1].dtype, avals[1].weak and avals[2].weak)
+
+
+def _convert_rule(avals: Sequence[Aval], *, dtype: np.dtype, weak: bool = False) -> Aval:
+    return Aval(avals[0].shape, np.dtype(dtype), weak)
+
+
+def _reduce_rule(avals: Sequence[Aval], *, axes: tuple[int, ...]) -> Aval:
+    (a,) = avals
+    return Aval(tuple(1 if i in axes else d for i, d in enumerate(a.shape)), a.dtype, a.weak)
+
+
+def _broadcast_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _reshape_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _transpose_rule(avals: Sequence[Aval], *, perm: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(tuple(avals[0].shape[p] for p in perm))
+
+
+def _matmul_rule(avals: Sequence[Aval], **_: Any) -> Aval:
+    a, b = avals
+    if a.ndim < 2 or b.ndim < 2 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: shapes {a.shape} and {b.shape} do not line up")
+    return Aval(a.shape[:-1] + (b.shape[-1],), a.dtype, a.weak and b.weak)
+
+
+# ---------------------------------------------------------------- declarations
+
+def _ops() -> Any:
+    from . import ops
+    return ops
+
+
+def unary(name: str, impl: Callable, cpu: str, vjp: Callable | None, out_rule: Callable = _same) -> Primitive:
+    """Declare an elementwise primitive of one input; `vjp(g, x, out)` returns the input cotangent."""
+    rule = None if vjp is None else (lambda cts, ins, outs: [vjp(cts[0], ins[0], outs[0])])
+    return declare(Primitive(name, "elementwise", out_rule, impl, rule, cpu))
+
+
+def binary(name: str, impl: Callable, cpu: str, vjp: Callable | None, out_rule: Callable = _same) -> Primitive:
+    """Declare an elementwise primitive of two inputs; `vjp(g, x, y, out)` returns both cotangents."""
+    rule = None if vjp is None else (lambda cts, ins, outs: list(vjp(cts[0], ins[0], ins[1], outs[0])))
+    return declare(Primitive(name, "elementwise", out_rule, impl, rule, cpu))
+
+
+def _max_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
+    """Ties split the gradient evenly, as torch.maximum and JAX do."""
+    o = _ops()
+    share_x = o.where(x > y, 1.0, o.where(x == y, 0.5, 0.0)).astype(g.dtype)
+    return g * share_x, g * (1.0 - share_x)
+
+
+def _min_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
+    o = _ops()
+    share_x = o.where(x < y, 1.0, o.where(x == y, 0.5, 0.0)).astype(g.dtype)
+    return g * share_x, g * (1.0 - share_x)
+
+
+def _pow_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
+    """d/dx = y*x**(y-1) (0 where y == 0); d/dy = out*log(x) (0 where x == 0 and y >= 0), as torch."""
+    o = _ops()
+    gx = o.where(y == 0, 0.0, g * y * x ** (y - 1.0))
+    gy = o.where((x == 0) & (y >= 0), 0.0, g * out * o.log(o.where(x == 0, 1.0, x)))
+    return gx, gy
+
+
+def _atan2_vjp(g: Any, y: Any, x: Any, out: Any) -> tuple[Any, Any]:
+    denom = x * x + y * y
+    return g * x / denom, -g * y / denom
+
+
+neg_p = unary("neg", np.negative, "(-{0})", lambda g, x, out: -g)
+exp_p = unary("exp", np.exp, "np.exp({0})", lambda g, x, out: g * out)
+expm1_p = unary("expm1", np.expm1, "np.expm1({0})", lambda g, x, out: g * (out + 1.0))
+log_p = unary("log", np.log, "np.log({0})", lambda g, x, out: g / x)
+log1p_p = unary("log1p", np.log1p, "np.log1p({0})", lambda g, x, out: g / (x + 1.0))
+sin_p = unary("sin", np.sin, "np.sin({0})", lambda g, x, out: g * _ops().cos(x))
+cos_p = unary("cos", np.cos, "np.cos({0})", lambda g, x, out: -(g * _ops().sin(x)))
+tan_p = unary("tan", np.tan, "np.tan({0})", lambda g, x, out: g * (1.0 + out * out))
+tanh_p = unary("tanh", np.tanh, "np.tanh({0})", lambda g, x, out: g * (1.0 - out * out))
+sinh_p = unary("sinh", np.sinh, "np.sinh({0})", lambda g, x, out: g * _ops().cosh(x))
+cosh_p = unary("cosh", np.cosh, "np.cosh({0})", lambda g, x, out: g * _ops().sinh(x))
+arcsin_p = unary("arcsin", np.arcsin, "np.arcsin({0})", lambda g, x, out: g / _ops().sqrt(1.0 - x * x))
+arccos_p = unary("arccos", np.arccos, "np.arccos({0})", lambda g, x, out: -g / _ops().sqrt(1.0 - x * x))
+arctan_p = unary("arctan", np.arctan, "np.arctan({0})", lambda g, x, out: g / (1.0 + x * x))
+arcsinh_p = unary("arcsinh", np.arcsinh, "np.arcsinh({0})", lambda g, x, out: g / _ops().sqrt(x * x + 1.0))
+arctanh_p = unary("arctanh", np.arctanh, "np.arctanh({0})", lambda g, x, out: g / (1.0 - x * x))
+sqrt_p = unary("sqrt", np.sqrt, "np.sqrt({0})", lambda g, x, out: g * 0.5 / out)
+abs_p = unary("abs", np.absolute, "abs({0})", lambda g, x, out: g * _ops().sign(x))
+sign_p = unary("sign", np.sign, "np.sign({0})", None)
+floor_p = unary("floor", np.floor, "np.floor({0})", None)
+ceil_p = unary("ceil", np.ceil, "np.ceil({0})", None)
+rint_p = unary("rint", np.rint, "np.rint({0})", None)
+isnan_p = unary("isnan", np.isnan, "np.isnan({0})", None, _to_bool)
+isfinite_p = unary("isfinite", np.isfinite, "np.isfinite({0})", None, _to_bool)
+logical_not_p = unary("logical_not", np.logical_not, "(not {0})", None, _to_bool)
+
+add_p = binary("add", np.add, "({0} + {1})", lambda g, x, y, out: (g, g))
+sub_p = binary("sub", np.subtract, "({0} - {1})", lambda g, x, y, out: (g, -g))
+mul_p = binary("mul", np.multiply, "({0} * {1})", lambda g, x, y, out: (g * y, g * x))
+div_p = binary("div", np.true_divide, "({0} / {1})", lambda g, x, y, out: (g / y, -(g * out) / y))
+pow_p = binary("pow", np.power, "({0} ** {1})", _pow_vjp)
+maximum_p = binary("maximum", np.maximum, "({0} if ({0} >= {1} or {0} != {0}) else {1})", _max_vjp)
+minimum_p = binary("minimum", np.minimum, "({0} if ({0} <= {1} or {0} != {0}) else {1})", _min_vjp)
+atan2_p = binary("atan2", np.arctan2, "np.arctan2({0}, {1})", _atan2_vjp)
+lt_p = binary("lt", np.less, "({0} < {1})", None, _to_bool)
+le_p = binary("le", np.less_equal, "({0} <= {1})", None, _to_bool)
+gt_p = binary("gt", np.greater, "({0} > {1})", None, _to_bool)
+ge_p = binary("ge", np.greater_equal, "({0} >= {1})", None, _to_bool)
+eq_p = binary("eq", np.equal, "({0} == {1})", None, _to_bool)
+ne_p = binary("ne", np.not_equal, "({0} != {1})", None, _to_bool)
+logical_and_p = binary("logical_and", np.logical_and, "({0} and {1})", None, _to_bool)
+logical_or_p = binary("logical_or", np.logical_or, "({0} or {1})", None, _to_bool)
+logical_xor_p = binary("logical_xor", np.logical_xor, "({0} != {1})", None, _to_bool)
+
+where_p = declare(Primitive(
+    "where", "elementwise", _where_rule, np.where,
+    lambda cts, ins, outs: [None, _ops().where(ins[0], cts[0], 0.0), _ops().where(ins[0], 0.0, cts[0])],
+    "({1} if {0} else {2})"))
+
+
+def _convert_impl(x: Any, *, dtype: np.dtype, weak: bool = False) -> np.ndarray:
+    return np.asarray(x).astype(dtype)
+
+
+def _convert_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, dtype: Any, weak: bool = False
+                 ) -> list[Any]:
+    (x,) = ins
+    return [_ops().convert(cts[0], x.dtype, x.aval.weak) if x.aval.is_float else None]
+
+
+convert_p = declare(Primitive("convert", "elementwise", _convert_rule, _convert_impl, _convert_vjp,
+                              "{cast}({0})"))
+stop_gradient_p = declare(Primitive("stop_gradient", "elementwise", _same, lambda x: np.array(x, copy=True),
+                                    lambda cts, ins, outs: [None], "{0}"))
+
+
+def _reduce_impl(fn: Callable) -> Callable:
+    return lambda x, *, axes: fn(x, axis=tuple(axes), keepdims=True)
+
+
+def _sum_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, axes: tuple[int, ...]) -> list[Any]:
+    return [_ops().broadcast_to(cts[0], ins[0].shape)]
+
+
+def _extremum_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, axes: tuple[int, ...]
+                  ) -> list[Any]:
+    """The gradient goes to the extreme elements, split evenly among ties (as torch.amax and JAX)."""
+    o = _ops()
+    (x,), (out,), (g,) = ins, outs, cts
+    hit = (x == o.broadcast_to(out, x.shape)).astype(g.dtype)
+    count = o.reduce(reduce_sum_p, hit, axes)
+    return [o.broadcast_to(g / count, x.shape) * hit]
+
+
+reduce_sum_p = declare(Primitive("reduce_sum", "reduce", _reduce_rule, _reduce_impl(np.sum), _sum_vjp,
+                                 "({0} + {1})", "SumBackward"))
+reduce_max_p = declare(Primitive("reduce_max", "reduce", _reduce_rule, _reduce_impl(np.max), _extremum_vjp,
+                                 "({0} if ({0} >= {1} or {0} != {0}) else {1})", "MaxBackward"))
+reduce_min_p = declare(Primitive("reduce_min", "reduce", _reduce_rule, _reduce_impl(np.min), _extremum_vjp,
+                                 "({0} if ({0} <= {1} or {0} != {0}) else {1})", "MinBackward"))
+REDUCE_IDENTITY = {"reduce_sum": 0.0, "reduce_max": -np.inf, "reduce_min": np.inf}
+
+
+def _broadcast_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, shape: tuple[int, ...]
+                   ) -> list[Any]:
+    """Un-broadcast: sum over the axes broadcasting created or stretched, then restore the shape."""
+    o = _ops()
+    (x,), (g,) = ins, cts
+    lead = len(shape) - x.ndim
+    padded = (1,) * lead + tuple(x.shape)
+    axes = tuple(i for i, (a, b) in enumerate(zip(padded, shape)) if a == 1 and b != 1)
+    summed = o.reduce(reduce_sum_p, g, axes) if axes else g
+    return [o.reshape(summed, x.shape)]
+
+
+def _broadcast_impl(x: Any, *, shape: tuple[int, ...]) -> np.ndarray:
+    return np.broadcast_to(x, shape)
+
+
+broadcast_to_p = declare(Primitive("broadcast_to", "view", _broadcast_rule, _broadcast_impl, _broadcast_vjp,
+                                   backward_label="ExpandBackward"))
+reshape_p = declare(Primitive(
+    "reshape", "view", _reshape_rule, lambda x, *, shape: np.reshape(x, shape),
+    lambda cts, ins, outs, *, shape: [_ops().reshape(cts[0], ins[0].shape)], backward_label="ViewBackward"))
+transpose_p = declare(Primitive(
+    "transpose", "view", _transpose_rule, lambda x, *, perm: np.transpose(x, perm),
+    lambda cts, ins, outs, *, perm: [_ops().transpose(cts[0], tuple(np.argsort(perm)))],
+    backward_label="PermuteBackward"))
+
+
+def _matmul_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> list[Any]:
+    o = _ops()
+    (a, b), (g,) = ins, cts
+    return [o.matmul_nd(g, o.swap_last(b)), o.matmul_nd(o.swap_last(a), g)]
+
+
+matmul_p = declare(Primitive("matmul", "host", _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward"))

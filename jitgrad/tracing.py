@@ -1,0 +1,368 @@
+"""Tracing: run a Python function on `Tracer` values and record each op as an IR equation.
+
+A `Builder` owns the graph under construction. Builders nest (tracing `jg.grad(f)` inside
+another traced function opens a child builder); a tracer from an enclosing builder used in a
+child is captured as an extra input of the child graph. The active builders live on a
+thread-local stack, so threads trace independently.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .errors import ConcretizationError, TraceError, UnsupportedError
+from .ir import Atom, Aval, Eqn, Graph, Literal, SourceInfo, Var
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
+SUPPORTED_DTYPES = tuple(np.dtype(d) for d in ("float32", "float64", "int8", "int16", "int32", "int64",
+                                                "uint8", "uint16", "uint32", "uint64", "bool"))
+
+
+def user_source() -> SourceInfo | None:
+    """The innermost stack frame outside jitgrad and numpy: the user's line that made the op."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = os.path.abspath(frame.f_code.co_filename)
+        if not (fname.startswith(_PACKAGE_DIR) or fname.startswith(_NUMPY_DIR)
+                or fname.startswith("<frozen") or "contextlib" in fname):
+            line = linecache.getline(fname, frame.f_lineno)
+            return SourceInfo(frame.f_code.co_filename, frame.f_lineno, line)
+        frame = frame.f_back
+    return None
+
+
+def where_text() -> str:
+    src = user_source()
+    return f"\n  at {src}" if src else ""
+
+
+class Builder:
+    """Collects equations for one graph; `parent` is the builder of the enclosing trace, if any."""
+
+    def __init__(self, parent: "Builder | None" = None):
+        self.parent = parent
+        self.inputs: list[Var] = []
+        self.input_names: list[str] = []
+        self.eqns: list[Eqn] = []
+        self.captured: dict[Var, Var] = {}  # outer var -> inner input var
+        self.captured_tracers: list["Tracer"] = []
+        self.no_grad_depth = 0
+        self.label: str | None = None  # names equations recorded by a VJP rule, e.g. "MulBackward"
+
+    def new_input(self, aval: Aval, name: str = "") -> "Tracer":
+        v = Var(aval)
+        self.inputs.append(v)
+        self.input_names.append(name)
+        return Tracer(self, v)
+
+    def is_ancestor(self, other: "Builder") -> bool:
+        b = self.parent
+        while b is not None:
+            if b is other:
+                return True
+            b = b.parent
+        return False
+
+    def atom(self, x: Any) -> Atom:
+        """Turn a tracer, numpy value or Python number into an atom of this builder's graph."""
+        if isinstance(x, Tracer):
+            if x.builder is self:
+                return x.var
+            if self.is_ancestor(x.builder):
+                if x.var not in self.captured:
+                    inner = Var(x.var.aval)
+                    self.captured[x.var] = inner
+                    self.captured_tracers.append(x)
+                return self.captured[x.var]
+            raise TraceError(
+                "a traced value escaped the function that traced it (stored in a global or closure and "
+                f"used in a later call?); pass it as an argument instead{where_text()}")
+        return literal(x)
+
+    def add(self, prim: Any, inputs: Sequence[Any], params: dict[str, Any], out_avals: Sequence[Aval],
+            label: str | None = None) -> list["Tracer"]:
+        atoms = tuple(self.atom(a) for a in inputs)
+        outs = tuple(Var(a) for a in out_avals)
+        self.eqns.append(Eqn(prim, atoms, dict(params), outs, user_source(), label or self.label))
+        return [Tracer(self, o) for o in outs]
+
+    def graph(self, outputs: Sequence[Any]) -> Graph:
+        """Close the graph: inputs are the declared inputs followed by captured outer values."""
+        outs = [self.atom(o) for o in outputs]
+        inputs = self.inputs + [self.captured[t.var] for t in self.captured_tracers]
+        names = self.input_names + ["<captured>"] * len(self.captured_tracers)
+        return Graph(inputs, list(self.eqns), outs, names)
+
+
+def literal(x: Any) -> Literal:
+    """A graph constant from a Python number (weakly typed) or a numpy array/scalar."""
+    if isinstance(x, bool):
+        return Literal(x, Aval((), np.dtype(bool), True))
+    if isinstance(x, int):
+        return Literal(x, Aval((), np.dtype(np.int64), True))
+    if isinstance(x, float):
+        return Literal(x, Aval((), np.dtype(np.float64), True))
+    if isinstance(x, (np.ndarray, np.generic)):
+        arr = np.asarray(x)
+        check_dtype(arr.dtype, "a constant")
+        return Literal(arr.copy(), Aval(arr.shape, arr.dtype, False))
+    if isinstance(x, (list, tuple)):
+        return literal(np.asarray(x))
+    raise UnsupportedError(f"cannot use an object of type {type(x).__name__} as an array in a traced "
+                           f"function{where_text()}")
+
+
+def check_dtype(dtype: np.dtype, what: str) -> None:
+    if np.dtype(dtype) not in SUPPORTED_DTYPES:
+        raise UnsupportedError(f"dtype {np.dtype(dtype)} of {what} is not supported; jitgrad handles float32, "
+                               f"float64, integer and bool arrays{where_text()}")
+
+
+_state = threading.local()
+
+
+def _stack() -> list[Builder]:
+    s = getattr(_state, "stack", None)
+    if s is None:
+        s = _state.stack = []
+    return s
+
+
+def current_builder() -> Builder | None:
+    s = _stack()
+    return s[-1] if s else None
+
+
+@contextmanager
+def building(builder: Builder) -> Iterator[Builder]:
+    _stack().append(builder)
+    try:
+        yield builder
+    finally:
+        _stack().pop()
+
+
+def bind(prim: Any, *inputs: Any, label: str | None = None, **params: Any) -> Any:
+    """Record `prim` applied to `inputs` in the innermost active builder; returns tracer(s).
+
+    Outside any trace, evaluates the primitive's numpy reference right away (eager mode).
+    """
+    builder = _builder_for(inputs)
+    if builder is None:
+        arrays = [np.asarray(a) if not isinstance(a, (int, float, bool)) else a for a in inputs]
+        out = prim.impl(*arrays, **params)
+        return out
+    avals = [builder_aval(a) for a in inputs]
+    out_avals = prim.abstract_eval(avals, **params)
+    multi = isinstance(out_avals, (list, tuple))
+    outs = builder.add(prim, inputs, params, out_avals if multi else [out_avals], label)
+    if builder.no_grad_depth and prim.name != "stop_gradient":
+        from .primitives import stop_gradient_p
+        outs = [bind(stop_gradient_p, o) if o.aval.is_float else o for o in outs]
+    return outs if multi else outs[0]
+
+
+def _builder_for(inputs: Sequence[Any]) -> Builder | None:
+    """The innermost active builder; a tracer used outside any trace still names its own."""
+    cur = current_builder()
+    if cur is not None:
+        return cur
+    return next((a.builder for a in inputs if isinstance(a, Tracer)), None)
+
+
+def builder_aval(x: Any) -> Aval:
+    if isinstance(x, Tracer):
+        return x.aval
+    return literal(x).aval
+
+
+class Tracer:
+    """A value under tracing: it knows its shape and dtype, not its numbers."""
+
+    __slots__ = ("builder", "var")
+    __array_priority__ = 1000
+
+    def __init__(self, builder: Builder, var: Var):
+        self.builder = builder
+        self.var = var
+
+    @property
+    def aval(self) -> Aval:
+        return self.var.aval
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.var.aval.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.var.aval.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return self.var.aval.size
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d traced array")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"Tracer<{self.aval}>"
+
+    def _concrete(self, what: str) -> ConcretizationError:
+        return ConcretizationError(
+            f"{what} needs a concrete value, but this is a traced {self.aval} array whose numbers are not "
+            "known while tracing. Python control flow cannot depend on traced values: use np.where(cond, a, b) "
+            "to select values, or mark the argument as static with jg.trace(fn, static_argnums=...)"
+            f"{where_text()}")
+
+    def __bool__(self) -> bool:
+        raise self._concrete("bool() / an if or while statement")
+
+    def __float__(self) -> float:
+        raise self._concrete("float()")
+
+    def __int__(self) -> int:
+        raise self._concrete("int()")
+
+    def __index__(self) -> int:
+        raise self._concrete("using a traced value as an index or size")
+
+    def __complex__(self) -> complex:
+        raise self._concrete("complex()")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise self._concrete("converting to a numpy array (np.asarray / np.array)")
+
+    def item(self) -> Any:
+        raise self._concrete(".item()")
+
+    def tolist(self) -> Any:
+        raise self._concrete(".tolist()")
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        from .numpy_api import handle_ufunc
+        return handle_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        from .numpy_api import handle_function
+        return handle_function(func, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        from .numpy_api import tracer_method
+        return tracer_method(self, name)
+
+
+def _install_operators() -> None:
+    """Arithmetic and comparison operators dispatch to the numpy ufuncs, as ndarray's do."""
+    binary = {
+        "add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
+        "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "matmul": np.matmul,
+        "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor,
+    }
+    for name, uf in binary.items():
+        setattr(Tracer, f"__{name}__", _binary(uf, reflected=False))
+        setattr(Tracer, f"__r{name}__", _binary(uf, reflected=True))
+    for name, uf in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+                     "eq": np.equal, "ne": np.not_equal}.items():
+        setattr(Tracer, f"__{name}__", _binary(uf, reflected=False))
+    Tracer.__neg__ = lambda self: np.negative(self)
+    Tracer.__pos__ = lambda self: self
+    Tracer.__abs__ = lambda self: np.absolute(self)
+    Tracer.__invert__ = lambda self: np.logical_not(self)
+
+
+def _binary(uf: np.ufunc, reflected: bool) -> Any:
+    def op(self: Tracer, other: Any) -> Any:
+        from .numpy_api import handle_ufunc
+        args = (other, self) if reflected else (self, other)
+        return handle_ufunc(uf, "__call__", args, {})
+
+    op.__name__ = uf.__name__
+    return op
+
+
+_install_operators()
+
+
+@contextmanager
+def no_grad() -> Iterator[None]:
+    """Inside a traced function, values computed in this block carry no gradient."""
+    b = current_builder()
+    if b is None:
+        yield
+        return
+    b.no_grad_depth += 1
+    try:
+        yield
+    finally:
+        b.no_grad_depth -= 1
+
+
+def trace_to_graph(fn: Any, avals: Sequence[Aval], names: Sequence[str] = (),
+                   parent: Builder | None = None) -> tuple[Graph, Any, list[Tracer]]:
+    """Trace `fn` on fresh inputs of `avals`; returns (graph, output tree structure, captured outer tracers).
+
+    Outputs may be a tracer/array or a tuple, list or dict of them; the structure is returned
+    so callers can rebuild it around computed arrays.
+    """
+    builder = Builder(parent if parent is not None else current_builder())
+    with building(builder):
+        args = [builder.new_input(a, n) for a, n in zip(avals, list(names) + [""] * len(avals))]
+        result = fn(*args)
+        leaves, tree = flatten_output(result)
+        graph = builder.graph(leaves)
+    return graph, tree, list(builder.captured_tracers)
+
+
+def flatten_output(result: Any) -> tuple[list[Any], Any]:
+    """Flatten a returned value (array, or tuple/list/dict of arrays) into leaves and a structure."""
+    if isinstance(result, (tuple, list)):
+        leaves: list[Any] = []
+        subs = []
+        for r in result:
+            l, t = flatten_output(r)
+            leaves += l
+            subs.append((len(l), t))
+        return leaves, (type(result), subs)
+    if isinstance(result, dict):
+        keys = list(result.keys())
+        l, t = flatten_output([result[k] for k in keys])
+        return l, (dict, keys, t)
+    if result is None:
+        raise TraceError("the traced function returned None; it must return an array or a tuple/list/dict of "
+                         "arrays")
+    if not isinstance(result, (Tracer, np.ndarray, np.generic, int, float, bool)):
+        raise TraceError(f"the traced function returned a {type(result).__name__}; it must return arrays "
+                         "(or a tuple/list/dict of them)")
+    return [result], None
+
+
+def unflatten_output(tree: Any, leaves: Sequence[Any]) -> Any:
+    if tree is None:
+        return leaves[0]
+    if tree[0] is dict:
+        _, keys, t = tree
+        vals = unflatten_output(t, leaves)
+        return dict(zip(keys, vals))
+    kind, subs = tree
+    out, i = [], 0
+    for n, t in subs:
+        out.append(unflatten_output(t, leaves[i:i + n]))
+        i += n
+    return kind(out) if kind is not list else out

@@ -1,0 +1,1 @@
+"""Lowering of fused IR groups to machine code: ``cpu`` (numba, parallel) today."""

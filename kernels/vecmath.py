@@ -1,0 +1,259 @@
+"""Vectorisable float32/float64 elementary functions for numba kernels.
+
+numba lowers ``math.exp``/``np.exp`` & co. to scalar libm calls, and the llvmlite
+wheel has no SVML, so a loop that calls them is never vectorised.  The functions
+here are range reduction + polynomial in plain arithmetic, with bit manipulation
+done through LLVM bitcasts and special values handled with selects instead of
+branches, so that after inlining LLVM can turn ``out[i] = vexp(x[i])`` into SIMD.
+
+Use them only inside numba-compiled code; each one dispatches on its argument's
+type, and float32 stays float32 (it is never promoted to float64)::
+
+    from jitgrad.kernels.vecmath import vexp
+
+    @numba.njit
+    def kernel(x, out):
+        for i in range(x.size):
+            out[i] = vexp(x[i])
+
+No fast-math flags are used anywhere: the results must match numpy, and
+fast-math lets LLVM assume there are no NaNs, infinities or signed zeros, which
+would break the special-value handling below.  Special values follow IEEE/numpy:
+exp(+-inf) = inf/0, log(0) = -inf, log(x<0) = nan, tanh(+-inf) = +-1,
+tanh(-0.0) = -0.0, sigmoid(+-inf) = 1/0, NaN in gives NaN out, overflow gives
+inf and underflow gives the correctly scaled denormal or 0.
+
+Maximum error in ulps (``ULP_BOUNDS``, checked by tests/test_vecmath.py).  The
+float32 reference is the float64 numpy result rounded to float32 (the correctly
+rounded value); the float64 reference is numpy evaluated in 80-bit long double
+and rounded to float64.
+
+    ==========  =======  =======
+    function    float32  float64
+    ==========  =======  =======
+    vexp        1        1
+    vexpm1      1        1
+    vlog        1        1
+    vlog1p      2        2
+    vtanh       2        2
+    vsigmoid    2        2
+    ==========  =======  =======
+"""
+
+import math
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic, overload
+
+__all__ = ["ULP_BOUNDS", "vexp", "vexpm1", "vlog", "vlog1p", "vsigmoid", "vtanh"]
+
+ULP_BOUNDS: dict[str, dict[str, int]] = {
+    "vexp": {"float32": 1, "float64": 1},
+    "vexpm1": {"float32": 1, "float64": 1},
+    "vlog": {"float32": 1, "float64": 1},
+    "vlog1p": {"float32": 2, "float64": 2},
+    "vtanh": {"float32": 2, "float64": 2},
+    "vsigmoid": {"float32": 2, "float64": 2},
+}
+
+# error_model="numpy": float division must not get a Python ZeroDivisionError branch.
+# fastmath=False is explicit so that a fast-math caller does not pass its flags on.
+_jit = numba.njit(error_model="numpy", fastmath=False)
+
+
+def _bitcast(context, builder, sig, args):
+    return builder.bitcast(args[0], context.get_value_type(sig.return_type))
+
+
+@intrinsic
+def _bits(typingctx, x):
+    """The bit pattern of a float32/float64 as int32/int64 (an LLVM bitcast)."""
+    if isinstance(x, types.Float) and x.bitwidth in (32, 64):
+        return getattr(types, f"int{x.bitwidth}")(x), _bitcast
+    return None
+
+
+@intrinsic
+def _from_bits(typingctx, i):
+    """The float32/float64 whose bit pattern is the int32/int64 ``i`` (an LLVM bitcast)."""
+    if isinstance(i, types.Integer) and i.bitwidth in (32, 64):
+        return getattr(types, f"float{i.bitwidth}")(i), _bitcast
+    return None
+
+
+def _build(ft: type) -> dict:
+    """Compile the kernels for one float type (np.float32 or np.float64) by name."""
+    single = ft is np.float32
+    it = np.int32 if single else np.int64
+    mant = it(23 if single else 52)  # explicit mantissa bits
+    bias = it(127 if single else 1023)
+    mant_mask = it((1 << mant) - 1)
+    zero, half, one, two = ft(0.0), ft(0.5), ft(1.0), ft(2.0)
+    inf, nan = ft(np.inf), ft(np.nan)
+    # Adding 1.5 * 2**mant rounds a float to an integer that sits in the low
+    # mantissa bits, which converts float <-> int without a (poison-prone) fptosi.
+    shifter = ft(1.5 * 2.0**mant)
+    shifter_bits = _bits_of(shifter)
+    # ln(2) split so that k * ln2_hi is exact for every exponent k that occurs.
+    ln2_hi = ft(0.693359375 if single else 0.6931471803691238)
+    ln2_lo = ft(-2.12194440e-4 if single else 1.9082149292705877e-10)
+    log2e = ft(1.4426950408889634)
+    # Beyond these, exp and expm1 have overflowed to inf or underflowed to 0 / -1.
+    exp_lo, exp_hi = ft(-104.0 if single else -746.0), ft(89.0 if single else 710.0)
+    expm1_lo = ft(-20.0 if single else -40.0)
+    # tanh(x) rounds to 1 beyond this (and expm1(2x) stays finite).
+    tanh_sat = ft(10.0 if single else 20.0)
+    # Below this, expm1(x) and log1p(x) round to x (also keeps -0.0 and denormals).
+    tiny = ft(2.0**-60)
+    smallest_normal = ft(np.finfo(ft).tiny)
+    denormal_scale = ft(2.0**mant)
+    sqrt_half_bits = _bits_of(ft(math.sqrt(0.5)))
+    # Near-minimax fits (Chebyshev, 50 digits): expm1(r) = r + r^2 P(r), |r| <= 0.35
+    # and log(1+f) = f - f^2/2 + s (f^2/2 + z Q(z)), s = f/(2+f), z = s^2 <= 0.0295.
+    exp_p = tuple(map(ft, (
+        (0.5, 0.16666573, 0.04166655, 0.008363767, 0.0013926919) if single else
+        (0.5000000000000001, 0.16666666666666669, 0.04166666666662068, 0.008333333333329796,
+         0.0013888888918918907, 0.00019841269864364933, 2.4801518672268355e-05,
+         2.7557266442353424e-06, 2.7621324269313687e-07, 2.5101335854788522e-08))))
+    log_q = tuple(map(ft, (
+        (0.66666687, 0.3998876, 0.29580986) if single else
+        (0.666666666666667, 0.3999999999989889, 0.28571428626253836, 0.22222211089379496,
+         0.1818289243253687, 0.15331611722055008, 0.14617807153417325))))
+
+    @_jit
+    def poly(x, coeffs):
+        """coeffs[0] + coeffs[1] x + ... by Horner's rule."""
+        acc = coeffs[-1]
+        for i in range(len(coeffs) - 2, -1, -1):
+            acc = acc * x + coeffs[i]
+        return acc
+
+    @_jit
+    def pow2(n):
+        """2.0**n for an integer n in the normal exponent range."""
+        return _from_bits(it((n + bias) << mant))
+
+    @_jit
+    def int_to_float(k):
+        """float(k) for |k| < 2**(mant - 1), with integer add + bitcast only."""
+        return _from_bits(it(k + shifter_bits)) - shifter
+
+    @_jit
+    def reduce_exp(x):
+        """(r, n) with x = n ln2 + r, |r| <= ln2/2 (x must be finite and clamped)."""
+        t = x * log2e + shifter
+        nf = t - shifter
+        n = it(_bits(t) - shifter_bits)
+        return (x - nf * ln2_hi) - nf * ln2_lo, n
+
+    @_jit
+    def expm1_poly(r):
+        return r + r * r * poly(r, exp_p)
+
+    @_jit
+    def exp(x):
+        xc = x if x > exp_lo else exp_lo
+        xc = xc if xc < exp_hi else exp_hi
+        r, n = reduce_exp(xc)
+        # Scale in two exact steps, so that 2**n need not be representable and
+        # a denormal result is rounded only once.
+        n1 = n >> 1
+        y = (one + expm1_poly(r)) * pow2(n1) * pow2(n - n1)
+        return y if x == x else x
+
+    @_jit
+    def expm1(x):
+        xc = x if x > expm1_lo else expm1_lo
+        xc = xc if xc < exp_hi else exp_hi
+        r, n = reduce_exp(xc)
+        # 2**n (1 + p) - 1 = 2 (h p + (h - 1/2)) with h = 2**(n-1): h - 1/2 is exact
+        # for the n where it matters, and n = 128 / 1024 needs no unrepresentable 2**n.
+        h = pow2(n - 1)
+        y = two * (h * expm1_poly(r) + (h - half))
+        return y if abs(x) >= tiny else x
+
+    @_jit
+    def log_core(x, c):
+        """log(x) + c for finite x > 0, where c is a small correction term."""
+        scaled = x < smallest_normal
+        xs = x * denormal_scale if scaled else x
+        # x = 2**k m with m in [sqrt(1/2), sqrt(2)): subtracting the bits of sqrt(1/2)
+        # carries into the exponent field exactly when the mantissa reaches it.
+        ix = _bits(xs) - sqrt_half_bits
+        k = (ix >> mant) - (mant if scaled else 0)
+        f = _from_bits(it((ix & mant_mask) + sqrt_half_bits)) - one
+        s = f / (two + f)
+        z = s * s
+        hfsq = half * f * f
+        kf = int_to_float(k)
+        lo = s * (hfsq + z * poly(z, log_q)) + (kf * ln2_lo + c)
+        return kf * ln2_hi + (f - (hfsq - lo))
+
+    @_jit
+    def log(x):
+        y = log_core(x, zero)
+        y = y if x < inf else x
+        return y if x > zero else (-inf if x == zero else nan)
+
+    @_jit
+    def log1p(x):
+        u = one + x
+        # The rounding error of 1 + x, exactly; feeding c/u to log keeps it.
+        c = (x - (u - one)) if u < two else (one - (u - x))
+        y = log_core(u, c / u)
+        y = y if abs(x) >= tiny else x
+        y = y if x < inf else x
+        return y if x > -one else (-inf if x == -one else nan)
+
+    @_jit
+    def tanh(x):
+        a = abs(x)
+        a = tanh_sat if a > tanh_sat else a
+        t = expm1(a + a)
+        return math.copysign(t / (t + two), x)
+
+    @_jit
+    def sigmoid(x):
+        # exp(-|x|) never overflows; for x < 0 this is e^x / (1 + e^x).
+        e = exp(-abs(x))
+        return (one if x >= zero else e) / (one + e)
+
+    return {"vexp": exp, "vexpm1": expm1, "vlog": log, "vlog1p": log1p,
+            "vtanh": tanh, "vsigmoid": sigmoid}
+
+
+def _bits_of(v: np.floating) -> np.signedinteger:
+    """Python-level twin of ``_bits``, for building constants."""
+    return v.view(np.int32 if v.dtype == np.float32 else np.int64)
+
+
+_KERNELS = {32: _build(np.float32), 64: _build(np.float64)}
+
+
+def _public(name: str, doc: str):
+    """A numba-only function ``name`` that dispatches to the float32/float64 kernel."""
+
+    def stub(x):
+        raise TypeError(f"{name}() is only callable inside numba-compiled code")
+
+    stub.__name__ = stub.__qualname__ = name
+    stub.__doc__ = doc
+
+    @overload(stub, jit_options={"error_model": "numpy", "fastmath": False})
+    def _typed(x):
+        if isinstance(x, types.Float) and x.bitwidth in _KERNELS:
+            kernel = _KERNELS[x.bitwidth][name]
+            return lambda x: kernel(x)
+        return None
+
+    return stub
+
+
+vexp = _public("vexp", "e**x, elementwise-vectorisable (<= 1 ulp).")
+vexpm1 = _public("vexpm1", "e**x - 1, accurate near 0 (<= 1 ulp).")
+vlog = _public("vlog", "Natural logarithm; denormals exact, log(0) = -inf, log(x<0) = nan.")
+vlog1p = _public("vlog1p", "log(1 + x), accurate near 0 (<= 2 ulp).")
+vtanh = _public("vtanh", "Hyperbolic tangent, via expm1 (<= 2 ulp).")
+vsigmoid = _public("vsigmoid", "1 / (1 + e**-x), without overflow for large |x| (<= 2 ulp).")
