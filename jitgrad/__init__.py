@@ -17,14 +17,27 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from .api import Context, Traced, grad, trace, value_and_grad, vjp  # noqa: E402
 from .errors import (ConcretizationError, FunctionError, GradcheckError, InputError, JitgradError,  # noqa: E402
                      ShapeError, TraceError, UnsupportedError)
-from .ops import (absolute, add, arccos, arcsin, arcsinh, arctan, arctan2, arctanh, astype, broadcast_to,  # noqa: E402
-                  ceil, clip, cos, cosh, divide, dot, equal, exp, expand_dims, expm1, floor, gelu, greater,
-                  greater_equal, isfinite, isnan, less, less_equal, log, log1p, log_softmax, logical_and,
-                  logical_not, logical_or, logsumexp, matmul, max, maximum, mean, min, minimum, multiply,
-                  negative, not_equal, outer, power, ravel, reciprocal, relu, reshape, rint, sigmoid, sign, sin,
-                  sinh, softmax, softplus, sqrt, square, squeeze, std, stop_gradient, subtract, sum, swapaxes,
-                  tan, tanh, transpose, var, where)
+from .ops import (absolute, add, arccos, arcsin, arcsinh, arctan, arctan2, arctanh, argmax, argmin,  # noqa: E402
+                  array_split, astype, broadcast_to, ceil, clip, concatenate, cos, cosh, divide, dot, einsum,
+                  equal, erf, exp, expand_dims, expm1, flip, floor, full_like, gelu, greater, greater_equal,
+                  hstack, inner, isfinite, isnan, less, less_equal, log, log1p, log_softmax, logical_and,
+                  logical_not, logical_or, logsumexp, matmul, max, maximum, mean, min, minimum, moveaxis,
+                  multiply, negative, norm, not_equal, ones_like, outer, pad, power, prod, ravel, reciprocal,
+                  relu, repeat, reshape, rint, round, sigmoid, sign, sin, sinh, softmax, softplus, split,
+                  sqrt, square, squeeze, stack, std, stop_gradient, subtract, sum, swapaxes, take,
+                  take_along_axis, tan, tanh, tensordot, tile, transpose, var, vstack, where, zeros_like)
 from .tracing import no_grad  # noqa: E402
+from .function import Function, FunctionCtx  # noqa: E402
+from .gradcheck import gradcheck, gradgradcheck, jacobian  # noqa: E402
 
 abs = absolute
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`jg.torch` (PyTorch interop) is imported on first use: importing jitgrad never imports torch."""
+    if name == "torch":
+        from . import torch_interop
+        globals()["torch"] = torch_interop
+        return torch_interop
+    raise AttributeError(f"module 'jitgrad' has no attribute {name!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -20,12 +21,14 @@ import numpy as np
 from . import fusion, passes
 from .autodiff import inline_graph, joint_vjp_graph, split_forward_backward, with_unit_cotangent
 from .errors import InputError, UnsupportedError
-from .ir import Aval, Graph, format_graph
-from .kernels import compiler, cpu
+from .explain import Explanation, ir_text, render
+from .ir import Aval, Graph
+from .kernels import compiler
 from .runtime import Executable
 from .tracing import SUPPORTED_DTYPES, Tracer, current_builder, trace_to_graph, unflatten_output
 
 _WEAK_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64)}
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,34 @@ class CallSignature:
     statics: tuple[tuple[int, Any], ...]
 
 
-def _arg_aval(i: int, x: Any, fname: str) -> Aval:
+def _device_array_aval(x: Any) -> Aval | None:
+    """Shape and dtype of a CUDA device array (numba's, or anything with `__cuda_array_interface__`)."""
+    interface = getattr(x, "__cuda_array_interface__", None)
+    if interface is not None:
+        return Aval(tuple(interface["shape"]), np.dtype(interface["typestr"]), False)
+    if getattr(x, "__cuda_ndarray__", False):
+        return Aval(tuple(x.shape), np.dtype(x.dtype), False)
+    return None
+
+
+def _arg_aval(i: int, x: Any, fname: str, device: str = "cpu") -> Aval:
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        if type(x) is int and not _INT64_MIN <= x <= _INT64_MAX:
+            raise InputError(f"{fname}: argument {i} is the Python int {x}, outside int64's range; pass it as a "
+                             f"float, or as a numpy array of the dtype you need")
         return Aval((), _WEAK_DTYPES[type(x)], True)
+    if isinstance(x, (np.ma.MaskedArray, np.matrix)):
+        raise InputError(f"{fname}: argument {i} is a numpy {type(x).__name__}, whose semantics (masks, matrix "
+                         f"products) jitgrad does not follow; pass a plain array (e.g. x.filled(0) or np.asarray(x))")
+    on_device = _device_array_aval(x)
+    if on_device is not None:
+        if device != "cuda":
+            raise InputError(f"{fname}: argument {i} is a CUDA device array; trace with device='cuda', or copy it "
+                             f"to the host first")
+        if on_device.dtype not in SUPPORTED_DTYPES:
+            raise InputError(f"{fname}: argument {i} has dtype {on_device.dtype}; jitgrad accepts float32, float64, "
+                             f"integer and bool arrays")
+        return on_device
     if isinstance(x, (np.ndarray, np.generic)):
         dt = np.asarray(x).dtype
         if dt not in SUPPORTED_DTYPES:
@@ -47,6 +75,18 @@ def _arg_aval(i: int, x: Any, fname: str) -> Aval:
         return Aval(np.shape(x), dt, False)
     raise InputError(f"{fname}: argument {i} is a {type(x).__name__}; pass numpy arrays or Python numbers, or list "
                      f"its position in static_argnums if it is a configuration value")
+
+
+def _cotangent_array(g: Any, aval: Aval, fname: str, k: int) -> np.ndarray:
+    """A cotangent as an array of its output's dtype; complex or non-numeric values are refused."""
+    try:
+        arr = np.asarray(g)
+    except (TypeError, ValueError):
+        arr = np.empty(0, object)
+    if arr.dtype.kind not in "fiub":
+        raise InputError(f"{fname}: cotangent {k} is a {type(g).__name__} of dtype {arr.dtype}; pass a real "
+                         f"array of output {k}'s shape {aval.shape} ({aval.dtype})")
+    return arr.astype(aval.dtype, copy=False)
 
 
 def _as_array(x: Any, aval: Aval) -> np.ndarray:
@@ -58,12 +98,43 @@ def _result(a: np.ndarray) -> Any:
     return a[()] if a.ndim == 0 else a
 
 
+def _numpy_args(args: Sequence[Any], fname: str, device: str = "cpu") -> tuple[Sequence[Any], bool]:
+    """The arguments with torch CPU tensors viewed as numpy arrays (no copy), and whether any were tensors.
+    Only looks for tensors once the program has imported torch: jitgrad never imports it. With
+    device="cuda", CUDA tensors stay as they are and results are device arrays (not tensors)."""
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    if tensor is None or not any(isinstance(a, tensor) for a in args):
+        return args, False
+    if device == "cuda":
+        return tuple(_tensor_array(a, i, fname) if isinstance(a, tensor) and a.device.type == "cpu" else a
+                     for i, a in enumerate(args)), False
+    return tuple(_tensor_array(a, i, fname) if isinstance(a, tensor) else a for i, a in enumerate(args)), True
+
+
+def _tensor_array(t: Any, i: int, fname: str) -> np.ndarray:
+    if t.device.type != "cpu":
+        raise InputError(f"{fname}: argument {i} is a torch tensor on {t.device}; jitgrad takes CPU tensors "
+                         f"(move it with .cpu())")
+    try:
+        return t.detach().resolve_conj().resolve_neg().numpy()
+    except TypeError:
+        raise InputError(f"{fname}: argument {i} is a {t.dtype} tensor, which numpy cannot hold; jitgrad accepts "
+                         f"float32, float64, integer and bool tensors") from None
+
+
+def _as_tensors(values: Sequence[Any]) -> list[Any]:
+    """Results as torch tensors sharing their memory (None stays None)."""
+    torch = sys.modules["torch"]
+    return [None if v is None else torch.from_numpy(np.asarray(v)) for v in values]
+
+
 @dataclass
 class Context:
     """What `Traced.forward` keeps for `backward`: the residuals and how to map gradients back."""
 
     plan: "Plan"
     residuals: list[np.ndarray]
+    torch_outputs: bool = False  # the forward took torch tensors: backward returns tensors too
 
     @property
     def saved_bytes(self) -> int:
@@ -79,10 +150,11 @@ class Plan:
     tree: Any
     names: list[str]
     executables: dict[Any, Any] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # value-and-grad nests builds
 
-    @property
+    @functools.cached_property
     def dynamic(self) -> list[int]:
+        """Positions of the traced (non-static) arguments."""
         return [i for i, a in enumerate(self.signature.avals) if a is not None]
 
     def differentiable(self, argnums: Sequence[int]) -> list[int]:
@@ -101,8 +173,19 @@ class Plan:
         return found
 
 
-def _compile(graph: Graph) -> Executable:
-    return Executable(fusion.schedule(passes.optimize(graph)))
+def _cuda_runtime() -> Any:
+    """The CUDA runtime module, imported on first use so CPU-only code never loads numba's CUDA target."""
+    try:
+        from . import runtime_cuda
+    except ImportError as exc:
+        raise UnsupportedError(f"device='cuda' needs numba's CUDA target (pip install 'jitgrad[cuda]'): "
+                               f"{exc}") from None
+    return runtime_cuda
+
+
+def _compile(graph: Graph, device: str = "cpu") -> Any:
+    program = fusion.schedule(passes.optimize(graph))
+    return _cuda_runtime().CudaExecutable(program) if device == "cuda" else Executable(program)
 
 
 class Traced:
@@ -111,12 +194,15 @@ class Traced:
     def __init__(self, fn: Callable[..., Any], static_argnums: Sequence[int] | int = (), device: str = "cpu"):
         if isinstance(fn, Traced):
             fn = fn.fn
-        if device != "cpu":
-            raise UnsupportedError(f"device {device!r} is not available; jitgrad supports device='cpu'")
+        if device not in ("cpu", "cuda"):
+            raise UnsupportedError(f"device {device!r} is not available; jitgrad supports device='cpu' and 'cuda'")
+        if device == "cuda":
+            _cuda_runtime().require_device()
         self.fn = fn
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.device = device
         self._plans: dict[CallSignature, Plan] = {}
+        self._plans_by_key: dict[tuple, Plan] = {}
         self._lock = threading.Lock()
         self._stats = {"hits": 0, "misses": 0}
         functools.update_wrapper(self, fn)
@@ -147,7 +233,7 @@ class Traced:
                 statics.append((i, x))
                 avals.append(None)
             else:
-                avals.append(_arg_aval(i, x, self.name))
+                avals.append(_arg_aval(i, x, self.name, self.device))
         return CallSignature(tuple(avals), tuple(statics))
 
     def _check_arity(self, args: Sequence[Any]) -> None:
@@ -158,13 +244,38 @@ class Traced:
         except ValueError:
             pass
 
+    def _fast_key(self, args: Sequence[Any]) -> tuple | None:
+        """A cheap hashable key for the common argument kinds (None: take the validating path)."""
+        key: list[Any] = []
+        for i, x in enumerate(args):
+            if i in self.static_argnums:
+                key.append(("static", x))
+            elif type(x) is np.ndarray:
+                key.append((x.shape, x.dtype))
+            elif type(x) in _WEAK_DTYPES:
+                key.append(type(x))
+            else:
+                return None
+        return tuple(key)
+
     def plan(self, *args: Any) -> Plan:
         """The plan for these arguments' signature, tracing the function on a miss."""
+        args, _ = _numpy_args(args, self.name, self.device)
+        try:
+            fast = self._fast_key(args)
+            found = self._plans_by_key.get(fast) if fast is not None else None
+        except TypeError:
+            fast, found = None, None
+        if found is not None:
+            self._stats["hits"] += 1
+            return found
         self._check_arity(args)
         sig = self._signature(args)
         found = self._plans.get(sig)
         if found is not None:
             self._stats["hits"] += 1
+            if fast is not None:
+                self._plans_by_key[fast] = found
             return found
         with self._lock:
             found = self._plans.get(sig)
@@ -187,33 +298,56 @@ class Traced:
             graph, tree, captured = trace_to_graph(call_with_statics, [sig.avals[i] for i in dyn], names, parent=None)
             plan = Plan(sig, graph, tree, names)
             self._plans[sig] = plan
+            if fast is not None:
+                self._plans_by_key[fast] = plan
             return plan
 
-    def _inputs(self, plan: Plan, args: Sequence[Any]) -> list[np.ndarray]:
+    def _inputs(self, plan: Plan, args: Sequence[Any]) -> list[Any]:
+        if self.device == "cuda":
+            return [args[i] for i in plan.dynamic]  # the CUDA executable moves host values to the device
         return [_as_array(args[i], plan.signature.avals[i]) for i in plan.dynamic]
+
+    def _result(self, a: Any) -> Any:
+        """CUDA results stay device arrays (0-d included); CPU 0-d results become numpy scalars."""
+        return a if self.device == "cuda" else _result(a)
 
     # ------------------------------------------------------------------ calling
 
-    def __call__(self, *args: Any) -> Any:
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        """Keyword arguments become positional ones (plans and argnums are positional)."""
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InputError(f"{self.name}: {exc}") from None
+        if bound.kwargs:
+            raise InputError(f"{self.name}: keyword-only or **kwargs parameters ({sorted(bound.kwargs)}) cannot "
+                             f"be traced; make them positional")
+        return bound.args
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            args = self._positional(args, kwargs)
         if any(isinstance(a, Tracer) for a in args) or current_builder() is not None:
             return self.fn(*args)
+        args, tensors = _numpy_args(args, self.name, self.device)
         plan = self.plan(*args)
-        exe = plan.built("call", lambda: _compile(plan.graph))
-        outs = exe(self._inputs(plan, args))
-        return unflatten_output(plan.tree, [_result(o) for o in outs])
+        exe = plan.built("call", lambda: _compile(plan.graph, self.device))
+        outs = [self._result(o) for o in exe(self._inputs(plan, args))]
+        return unflatten_output(plan.tree, _as_tensors(outs) if tensors else outs)
 
     def _argnums(self, argnums: int | Sequence[int] | None, nargs: int) -> tuple[list[int], Callable[[list], Any]]:
         """Normalise argnums; returns the positions and how to shape the gradient result."""
         if argnums is None:
             return list(range(nargs)), tuple
+        for a in [argnums] if isinstance(argnums, int) else argnums:
+            if not -nargs <= int(a) < nargs:
+                raise InputError(f"{self.name}: argnums {a} is out of range for {nargs} argument(s)")
         if isinstance(argnums, int):
-            return [argnums % nargs if nargs else argnums], lambda g: g[0]
+            return [argnums % nargs], lambda g: g[0]
         return [int(a) % nargs for a in argnums], tuple
 
     def _check_grad_args(self, plan: Plan, positions: Sequence[int], explicit: bool) -> None:
-        for i in positions:
-            if i >= len(plan.signature.avals):
-                raise InputError(f"{self.name}: argnums {i} is out of range for {len(plan.signature.avals)} arguments")
+        for i in positions:  # in range: `_argnums` checked
             a = plan.signature.avals[i]
             if explicit and (a is None or not a.is_float):
                 what = "a static argument" if a is None else f"of dtype {a.dtype}"
@@ -229,20 +363,29 @@ class Traced:
 
     def value_and_grad(self, *args: Any, argnums: int | Sequence[int] | None = None) -> tuple[Any, Any]:
         """The scalar output and its gradient, computed by one fused forward+backward program."""
+        args, tensors = _numpy_args(args, self.name, self.device)
         plan = self.plan(*args)
-        self._scalar_output(plan, "value_and_grad")
-        positions, shape_result = self._argnums(argnums, len(args))
-        self._check_grad_args(plan, positions, argnums is not None)
-        wrt_args = [i for i in positions if plan.signature.avals[i] is not None and plan.signature.avals[i].is_float]
-        wrt = plan.differentiable(wrt_args)
-        key = ("value_and_grad", tuple(wrt))
-        exe = plan.built(key, lambda: _compile(with_unit_cotangent(joint_vjp_graph(plan.graph, wrt),
-                                                                     len(plan.graph.inputs))))
+        exe, positions, wrt_args, shape_result = plan.built(("value_and_grad", argnums),
+                                                            lambda: self._value_and_grad_program(plan, argnums))
         outs = exe(self._inputs(plan, args))
         value, grads = outs[0], outs[1:]
         by_arg = dict(zip(wrt_args, grads))
-        result = [_result(by_arg[i]) if i in by_arg else None for i in positions]
-        return unflatten_output(plan.tree, [_result(value)]), shape_result(result)
+        result = [self._result(by_arg[i]) if i in by_arg else None for i in positions]
+        value = [self._result(value)]
+        if tensors:
+            value, result = _as_tensors(value), _as_tensors(result)
+        return unflatten_output(plan.tree, value), shape_result(result)
+
+    def _value_and_grad_program(self, plan: Plan, argnums: int | Sequence[int] | None) -> tuple:
+        self._scalar_output(plan, "value_and_grad")
+        positions, shape_result = self._argnums(argnums, len(plan.signature.avals))
+        self._check_grad_args(plan, positions, argnums is not None)
+        wrt_args = [i for i in positions if plan.signature.avals[i] is not None and plan.signature.avals[i].is_float]
+        wrt = plan.differentiable(wrt_args)
+        exe = plan.built(("joint", tuple(wrt)), lambda: _compile(with_unit_cotangent(joint_vjp_graph(plan.graph, wrt),
+                                                                                      len(plan.graph.inputs)),
+                                                                  self.device))
+        return exe, positions, wrt_args, shape_result
 
     def grad(self, *args: Any, argnums: int | Sequence[int] | None = None) -> Any:
         """Gradient of the scalar output: a tuple over all arguments (None where not differentiable),
@@ -252,18 +395,21 @@ class Traced:
     def _split(self, plan: Plan) -> Any:
         def build() -> Any:
             wrt = plan.differentiable(plan.dynamic)
-            joint = joint_vjp_graph(plan.graph, wrt)
+            joint = passes.optimize(joint_vjp_graph(plan.graph, wrt))  # dead gradient ops must not save residuals
             split = split_forward_backward(joint, len(plan.graph.inputs), len(plan.graph.outputs))
-            return split, _compile(split.forward), _compile(split.backward), wrt
+            return split, _compile(split.forward, self.device), _compile(split.backward, self.device), wrt
         return plan.built("split", build)
 
     def forward(self, *args: Any) -> tuple[Any, Context]:
         """Run the compiled forward, keeping the residuals the backward needs in a context."""
+        args, tensors = _numpy_args(args, self.name, self.device)
         plan = self.plan(*args)
         split, fwd, _, _ = self._split(plan)
         outs = fwd(self._inputs(plan, args))
         n = split.n_outputs
-        return unflatten_output(plan.tree, [_result(o) for o in outs[:n]]), Context(plan, outs[n:])
+        results = [self._result(o) for o in outs[:n]]
+        return (unflatten_output(plan.tree, _as_tensors(results) if tensors else results),
+                Context(plan, outs[n:], tensors))
 
     def backward(self, ctx: Context, *grad_outputs: Any) -> tuple[Any, ...]:
         """Gradients for every argument (None where not differentiable) given the outputs' cotangents.
@@ -272,13 +418,22 @@ class Traced:
             raise InputError(f"{self.name}.backward: the first argument must be the context returned by forward")
         plan = ctx.plan
         split, _, bwd, wrt = self._split(plan)
+        grad_outputs, _ = _numpy_args(grad_outputs, f"{self.name}.backward", self.device)
         outs = plan.graph.outputs
         if len(grad_outputs) != len(outs):
             raise InputError(f"{self.name}.backward: expected {len(outs)} cotangent(s), one per output, got "
                              f"{len(grad_outputs)}")
         cts = []
         for k, (g, o) in enumerate(zip(grad_outputs, outs)):
-            arr = np.asarray(g, dtype=o.aval.dtype) if o.aval.is_float else np.zeros(o.aval.shape, o.aval.dtype)
+            if not o.aval.is_float:
+                arr = np.zeros(o.aval.shape, o.aval.dtype)
+            elif self.device == "cuda" and _device_array_aval(g) is not None:
+                if _device_array_aval(g).dtype != o.aval.dtype:
+                    raise InputError(f"{self.name}.backward: cotangent {k} is a {_device_array_aval(g).dtype} "
+                                     f"device array but output {k} is {o.aval.dtype}")
+                arr = g  # a device cotangent is used where it lives
+            else:
+                arr = _cotangent_array(g, o.aval, f"{self.name}.backward", k)
             if arr.shape != o.aval.shape:
                 raise InputError(f"{self.name}.backward: cotangent {k} has shape {arr.shape} but output {k} has shape "
                                  f"{o.aval.shape}")
@@ -286,8 +441,9 @@ class Traced:
         grads = bwd(list(ctx.residuals) + cts)
         by_input = dict(zip(wrt, grads))
         dyn = plan.dynamic
-        return tuple(_result(by_input[dyn.index(i)]) if i in dyn and dyn.index(i) in by_input else None
-                     for i in range(len(plan.signature.avals)))
+        result = [self._result(by_input[dyn.index(i)]) if i in dyn and dyn.index(i) in by_input else None
+                  for i in range(len(plan.signature.avals))]
+        return tuple(_as_tensors(result) if ctx.torch_outputs else result)
 
     def vjp(self, *args: Any) -> tuple[Any, Callable[..., tuple[Any, ...]]]:
         """The outputs and a pullback mapping output cotangents to argument gradients."""
@@ -302,57 +458,50 @@ class Traced:
 
     # ------------------------------------------------------------------ inspection
 
-    def ir(self, *args: Any) -> str:
-        """The forward IR, and the backward IR with the residuals it takes, as text."""
-        plan = self.plan(*args)
-        text = [format_graph(plan.graph, "# traced forward")]
-        if plan.differentiable(plan.dynamic):
-            split = self._split(plan)[0]
-            text.append(format_graph(passes.optimize(split.forward), "# optimised forward (outputs, then residuals)"))
-            text.append(format_graph(passes.optimize(split.backward), "# optimised backward (residuals, cotangents)"))
-        return "\n\n".join(text)
-
-    def explain(self, *args: Any) -> str:
-        """IR, fusion groups and generated kernel source for the call and for value-and-grad."""
-        plan = self.plan(*args)
-        parts = [self.ir(*args)]
-        modes = [("call", passes.optimize(plan.graph))]
-        outs = plan.graph.outputs
+    def _explanation(self, plan: Plan) -> Explanation:
         wrt = plan.differentiable(plan.dynamic)
-        if wrt and len(outs) == 1 and outs[0].aval.size == 1 and outs[0].aval.is_float:
-            joint = with_unit_cotangent(joint_vjp_graph(plan.graph, wrt), len(plan.graph.inputs))
-            modes.append(("value_and_grad", passes.optimize(joint)))
-        for name, graph in modes:
-            program = fusion.schedule(graph)
-            parts.append(f"# {name}: {len(program.kernels)} kernel(s)\n{fusion.describe(program)}")
-            for k, kern in enumerate(program.kernels):
-                parts.append(f"# {name} kernel {k} source\n{cpu.generate(kern, f'kernel_{k}')}")
-        return "\n\n".join(parts)
+        return Explanation(self.name, plan.graph, wrt, self._split(plan)[0] if wrt else None)
+
+    def ir(self, *args: Any) -> str:
+        """The forward IR, and the backward IR with the residuals it takes (and their bytes), as text."""
+        return ir_text(self._explanation(self.plan(*args)))
+
+    def explain(self, *args: Any, format: str = "text") -> str:
+        """IR, saved values, fusion groups and kernel source of each compiled program (call, value-and-grad,
+        forward, backward); format="dot" gives a Graphviz DOT of the forward and backward graphs."""
+        return render(self._explanation(self.plan(*args)), format)
 
     def kernel_counts(self, *args: Any) -> dict[str, int]:
         """How many fused kernels each mode runs for these arguments (compiles what it needs)."""
         plan = self.plan(*args)
-        counts = {"call": _compile(plan.graph).kernel_count}
+        counts = {"call": _compile(plan.graph, self.device).kernel_count}
         outs = plan.graph.outputs
         wrt = plan.differentiable(plan.dynamic)
         if wrt and len(outs) == 1 and outs[0].aval.size == 1 and outs[0].aval.is_float:
             joint = with_unit_cotangent(joint_vjp_graph(plan.graph, wrt), len(plan.graph.inputs))
-            counts["value_and_grad"] = _compile(joint).kernel_count
+            counts["value_and_grad"] = _compile(joint, self.device).kernel_count
         if wrt:
             _, fwd, bwd, _ = self._split(plan)
             counts["forward"], counts["backward"] = fwd.kernel_count, bwd.kernel_count
         return counts
 
     def cache_info(self) -> dict[str, int]:
-        """Plan cache hits and misses, plans held, and process-wide kernel sources and numba compiles."""
-        st = compiler.stats()
+        """Plan cache hits and misses, plans held, and process-wide kernel sources and numba compiles
+        (CUDA ones for device="cuda")."""
+        if self.device == "cuda":
+            st = _cuda_runtime().stats()
+            kernels, compiles = st["sources"], st["device_compiles"]
+        else:
+            st = compiler.stats()
+            kernels, compiles = st["sources"], st["numba_compiles"]
         return {"hits": self._stats["hits"], "misses": self._stats["misses"], "entries": len(self._plans),
-                "kernels": st["sources"], "compiles": st["numba_compiles"]}
+                "kernels": kernels, "compiles": compiles}
 
 
 def trace(fn: Callable[..., Any] | None = None, *, static_argnums: Sequence[int] | int = (),
           device: str = "cpu") -> Any:
-    """Compile a numpy function: `@jg.trace` or `@jg.trace(static_argnums=(1,))`."""
+    """Compile a numpy function: `@jg.trace` or `@jg.trace(static_argnums=(1,))`; `device="cuda"` runs it on
+    a CUDA GPU (or numba's CUDA simulator) with device arrays in and out."""
     if fn is None:
         return lambda f: Traced(f, static_argnums=static_argnums, device=device)
     return Traced(fn, static_argnums=static_argnums, device=device)

@@ -8,14 +8,15 @@ residuals the backward needs, and a backward part that takes (residuals, cotange
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from . import ops
-from .ir import Atom, Eqn, Graph, Literal, Var, iter_vars, substitute
-from .tracing import Builder, bind, building
+from .ir import Atom, Eqn, Graph, Literal, SourceInfo, Var, iter_vars, substitute
+from .tracing import Builder, bind, building, current_builder
 
 
 def replay(graph: Graph, env: dict[Var, Any]) -> None:
@@ -23,15 +24,30 @@ def replay(graph: Graph, env: dict[Var, Any]) -> None:
     def read(a: Atom) -> Any:
         return a.value if isinstance(a, Literal) else env[a]
 
+    builder = current_builder()
     for e in graph.eqns:
         ins = [read(a) for a in e.inputs]
-        if e.prim.kind == "custom":
-            outs = e.prim.impl_traced(ins, e)
-        else:
-            res = bind(e.prim, *ins, label=e.label, **e.params)
-            outs = res if isinstance(res, list) else [res]
+        with recorded_at(builder, e.source):
+            if e.prim.kind == "custom":
+                outs = e.prim.impl_traced(ins, e)
+            else:
+                res = bind(e.prim, *ins, label=e.label, **e.params)
+                outs = res if isinstance(res, list) else [res]
         for v, o in zip(e.outs, outs):
             env[v] = o
+
+
+@contextmanager
+def recorded_at(builder: Builder | None, source: SourceInfo | None) -> Iterator[None]:
+    """Equations recorded in this block point at `source`: replayed and VJP ops keep the user's line."""
+    if builder is None or source is None:
+        yield
+        return
+    previous, builder.source = builder.source, source
+    try:
+        yield
+    finally:
+        builder.source = previous
 
 
 def differentiable_vars(graph: Graph, wrt: Sequence[int]) -> set[Var]:
@@ -73,14 +89,16 @@ def joint_vjp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
                 continue
             if not any(isinstance(a, Var) and a in live for a in e.inputs):
                 continue
-            out_cts = [ct.get(o) if o in ct else zeros(o.aval) for o in e.outs]
+            # a custom rule gets None for an output without a cotangent and decides what zero means
+            out_cts = [ct.get(o) if o in ct or e.prim.kind == "custom" else zeros(o.aval) for o in e.outs]
             ins = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]
             outs = [env[o] for o in e.outs]
             previous = builder.label
             builder.label = e.prim.label if e.prim.kind != "custom" else e.prim.backward_label_of(e)
             try:
-                in_cts = e.prim.vjp(out_cts, ins, outs, **e.params) if e.prim.kind != "custom" \
-                    else e.prim.vjp_traced(out_cts, ins, outs, e)
+                with recorded_at(builder, e.source):
+                    in_cts = e.prim.vjp(out_cts, ins, outs, **e.params) if e.prim.kind != "custom" \
+                        else e.prim.vjp_traced(out_cts, ins, outs, e)
             finally:
                 builder.label = previous
             for a, g in zip(e.inputs, in_cts):

@@ -26,6 +26,12 @@ def dce(graph: Graph) -> Graph:
     return Graph(list(graph.inputs), kept[::-1], list(graph.outputs), list(graph.input_names))
 
 
+def remap_inputs(e: Eqn, mapping: dict[Var, Atom]) -> Eqn:
+    """`e` with its input vars replaced through `mapping` (one level)."""
+    return Eqn(e.prim, tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs), e.params, e.outs,
+               e.source, e.label)
+
+
 def _atom_key(a: Atom) -> Any:
     return a.key() if isinstance(a, Literal) else ("var", a.id)
 
@@ -40,8 +46,7 @@ def cse(graph: Graph) -> Graph:
     mapping: dict[Var, Atom] = {}
     kept = []
     for e in graph.eqns:
-        e = Eqn(e.prim, tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs), e.params, e.outs,
-                e.source, e.label)
+        e = remap_inputs(e, mapping)
         if e.prim.kind == "custom":
             kept.append(e)
             continue
@@ -66,18 +71,30 @@ def scalar_constant(a: Atom, producers: dict[Var, Eqn]) -> Any | None:
 
 
 def fold_constants(graph: Graph) -> Graph:
-    """Evaluate equations whose inputs are all literals (and whose result is small) at compile time."""
+    """Evaluate at compile time equations whose inputs are all literals (when the result is small),
+    and elementwise equations whose inputs are each one number everywhere (the result is then a
+    broadcast of one computed number)."""
     mapping: dict[Var, Atom] = {}
+    producers: dict[Var, Eqn] = {}
     kept = []
     for e in graph.eqns:
-        ins = tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs)
+        e = remap_inputs(e, mapping)
+        ins = e.inputs
         small = all(o.aval.size <= (1 if e.prim is P.broadcast_to_p else FOLD_LIMIT) for o in e.outs)
         if e.prim.kind != "custom" and small and ins and all(isinstance(a, Literal) for a in ins):
             with np.errstate(all="ignore"):
                 value = e.prim.impl(*[a.value for a in ins], **e.params)
             mapping[e.out] = Literal(np.asarray(value).astype(e.out.aval.dtype), e.out.aval)
             continue
-        kept.append(Eqn(e.prim, ins, e.params, e.outs, e.source, e.label))
+        uniform = [scalar_constant(a, producers) for a in ins] if e.prim.kind == "elementwise" else []
+        if ins and uniform and all(u is not None for u in uniform) and e.out.aval.size > 1:
+            with np.errstate(all="ignore"):
+                value = e.prim.impl(*[np.asarray(u, a.aval.dtype) for u, a in zip(uniform, ins)], **e.params)
+            scalar = Literal(np.asarray(value).astype(e.out.aval.dtype), e.out.aval.with_shape(()))
+            e = Eqn(P.broadcast_to_p, (scalar,), {"shape": e.out.aval.shape}, e.outs, e.source, e.label)
+        for o in e.outs:
+            producers[o] = e
+        kept.append(e)
     return substitute(Graph(list(graph.inputs), kept, list(graph.outputs), list(graph.input_names)), mapping)
 
 
@@ -127,8 +144,7 @@ def simplify(graph: Graph) -> Graph:
     mapping: dict[Var, Atom] = {}
     kept = []
     for e in graph.eqns:
-        e = Eqn(e.prim, tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs), e.params, e.outs,
-                e.source, e.label)
+        e = remap_inputs(e, mapping)
         replacement = _identity_rewrite(e, producers)
         if replacement is not None:
             mapping[e.outs[0]] = replacement
@@ -147,9 +163,38 @@ def strip_stop_gradient(graph: Graph) -> Graph:
     return substitute(Graph(list(graph.inputs), eqns, list(graph.outputs), list(graph.input_names)), mapping)
 
 
+def inline_custom(graph: Graph) -> Graph:
+    """Replace each custom equation (a `jg.Function` application) by its forward subgraph, with fresh
+    vars, so its ops fuse with their neighbours. Inlined ops keep the Function's name as their label."""
+    if not any(e.prim.kind == "custom" for e in graph.eqns):
+        return graph
+    mapping: dict[Var, Atom] = {}
+    eqns: list[Eqn] = []
+
+    def emit(e: Eqn) -> None:
+        ins = tuple(mapping.get(a, a) if isinstance(a, Var) else a for a in e.inputs)
+        if e.prim.kind != "custom":
+            eqns.append(Eqn(e.prim, ins, e.params, e.outs, e.source, e.label))
+            return
+        body = e.prim.body(e)
+        local: dict[Var, Atom] = dict(zip(body.inputs, ins))
+        for inner in body.eqns:
+            outs = tuple(Var(o.aval) for o in inner.outs)
+            inner_ins = tuple(local.get(a, a) if isinstance(a, Var) else a for a in inner.inputs)
+            local.update(zip(inner.outs, outs))
+            emit(Eqn(inner.prim, inner_ins, inner.params, outs, inner.source, inner.label or e.label))
+        for o, r in zip(e.outs, body.outputs):
+            r = local.get(r, r) if isinstance(r, Var) else r
+            mapping[o] = mapping.get(r, r) if isinstance(r, Var) else r
+
+    for e in graph.eqns:
+        emit(e)
+    return substitute(Graph(list(graph.inputs), eqns, list(graph.outputs), list(graph.input_names)), mapping)
+
+
 def optimize(graph: Graph, max_rounds: int = 8) -> Graph:
     """Run the passes to a fixed point (bounded)."""
-    graph = strip_stop_gradient(graph)
+    graph = strip_stop_gradient(inline_custom(graph))
     for _ in range(max_rounds):
         before = len(graph.eqns)
         graph = dce(cse(simplify(fold_constants(graph))))

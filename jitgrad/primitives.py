@@ -7,6 +7,8 @@ Conventions the rest of the stack relies on:
   `ops` broadcasts and promotes before binding;
 - reductions keep reduced axes with length 1 (`ops` reshapes for keepdims=False);
 - `view` primitives (broadcast_to, reshape, transpose) only move indices, never compute;
+- `host` primitives (matmul, slicing, padding, concatenation, gather/scatter, argmax) run their
+  numpy reference on whole arrays between kernels;
 - a VJP rule gets (cotangents of outputs, input tracers, output tracers, params) and returns
   one cotangent per input, None meaning zero.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+import math
 
 import numpy as np
 
@@ -132,20 +136,36 @@ def _pow_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
     return gx, gy
 
 
+def _erf_impl(x: Any) -> np.ndarray:
+    """numpy has no erf: evaluate math.erf per element in float64, round once to the input's dtype."""
+    x = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+
+
 def _atan2_vjp(g: Any, y: Any, x: Any, out: Any) -> tuple[Any, Any]:
     denom = x * x + y * y
     return g * x / denom, -g * y / denom
 
 
 neg_p = unary("neg", np.negative, "(-{0})", lambda g, x, out: -g)
-exp_p = unary("exp", np.exp, "np.exp({0})", lambda g, x, out: g * out)
-expm1_p = unary("expm1", np.expm1, "np.expm1({0})", lambda g, x, out: g * (out + 1.0))
-log_p = unary("log", np.log, "np.log({0})", lambda g, x, out: g / x)
-log1p_p = unary("log1p", np.log1p, "np.log1p({0})", lambda g, x, out: g / (x + 1.0))
+exp_p = unary("exp", np.exp, "vexp({0})", lambda g, x, out: g * out)
+expm1_p = unary("expm1", np.expm1, "vexpm1({0})", lambda g, x, out: g * (out + 1.0))
+log_p = unary("log", np.log, "vlog({0})", lambda g, x, out: g / x)
+log1p_p = unary("log1p", np.log1p, "vlog1p({0})", lambda g, x, out: g / (x + 1.0))
 sin_p = unary("sin", np.sin, "np.sin({0})", lambda g, x, out: g * _ops().cos(x))
 cos_p = unary("cos", np.cos, "np.cos({0})", lambda g, x, out: -(g * _ops().sin(x)))
 tan_p = unary("tan", np.tan, "np.tan({0})", lambda g, x, out: g * (1.0 + out * out))
-tanh_p = unary("tanh", np.tanh, "np.tanh({0})", lambda g, x, out: g * (1.0 - out * out))
+tanh_p = unary("tanh", np.tanh, "vtanh({0})", lambda g, x, out: g * (1.0 - out * out))
+
+
+def _logistic_impl(x: Any) -> Any:
+    """1 / (1 + exp(-x)) without overflow: exp is only ever taken of -|x|."""
+    x = np.asarray(x)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+logistic_p = unary("logistic", _logistic_impl, "vsigmoid({0})", lambda g, x, out: g * out * (1.0 - out))
 sinh_p = unary("sinh", np.sinh, "np.sinh({0})", lambda g, x, out: g * _ops().cosh(x))
 cosh_p = unary("cosh", np.cosh, "np.cosh({0})", lambda g, x, out: g * _ops().sinh(x))
 arcsin_p = unary("arcsin", np.arcsin, "np.arcsin({0})", lambda g, x, out: g / _ops().sqrt(1.0 - x * x))
@@ -153,6 +173,8 @@ arccos_p = unary("arccos", np.arccos, "np.arccos({0})", lambda g, x, out: -g / _
 arctan_p = unary("arctan", np.arctan, "np.arctan({0})", lambda g, x, out: g / (1.0 + x * x))
 arcsinh_p = unary("arcsinh", np.arcsinh, "np.arcsinh({0})", lambda g, x, out: g / _ops().sqrt(x * x + 1.0))
 arctanh_p = unary("arctanh", np.arctanh, "np.arctanh({0})", lambda g, x, out: g / (1.0 - x * x))
+erf_p = unary("erf", _erf_impl, "{cast}(math.erf({0}))",
+               lambda g, x, out: g * (2.0 / math.sqrt(math.pi)) * _ops().exp(-(x * x)))
 sqrt_p = unary("sqrt", np.sqrt, "np.sqrt({0})", lambda g, x, out: g * 0.5 / out)
 abs_p = unary("abs", np.absolute, "abs({0})", lambda g, x, out: g * _ops().sign(x))
 sign_p = unary("sign", np.sign, "np.sign({0})", None)
@@ -227,7 +249,24 @@ reduce_max_p = declare(Primitive("reduce_max", "reduce", _reduce_rule, _reduce_i
                                  "({0} if ({0} >= {1} or {0} != {0}) else {1})", "MaxBackward"))
 reduce_min_p = declare(Primitive("reduce_min", "reduce", _reduce_rule, _reduce_impl(np.min), _extremum_vjp,
                                  "({0} if ({0} <= {1} or {0} != {0}) else {1})", "MinBackward"))
-REDUCE_IDENTITY = {"reduce_sum": 0.0, "reduce_max": -np.inf, "reduce_min": np.inf}
+
+
+def _prod_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, axes: tuple[int, ...]) -> list[Any]:
+    """d prod / d x_i is the product of the other elements, also where some are zero (as torch):
+    out / x_i when the row has no zero; the product of the nonzero rest at a row's only zero; else 0."""
+    o = _ops()
+    (x,), (out,), (g,) = ins, outs, cts
+    is_zero = x == 0
+    zeros = o.broadcast_to(o.reduce(reduce_sum_p, is_zero.astype(np.int64), axes), x.shape)
+    others = o.broadcast_to(o.reduce(reduce_prod_p, o.where(is_zero, 1.0, x), axes), x.shape)
+    no_zero = o.broadcast_to(out, x.shape) / o.where(is_zero, 1.0, x)
+    share = o.where(zeros == 0, no_zero, o.where(is_zero & (zeros == 1), others, 0.0))
+    return [o.broadcast_to(g, x.shape) * share]
+
+
+reduce_prod_p = declare(Primitive("reduce_prod", "reduce", _reduce_rule, _reduce_impl(np.prod), _prod_vjp,
+                                  "({0} * {1})", "ProdBackward"))
+REDUCE_IDENTITY = {"reduce_sum": 0.0, "reduce_prod": 1.0, "reduce_max": -np.inf, "reduce_min": np.inf}
 
 
 def _broadcast_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, shape: tuple[int, ...]
@@ -264,3 +303,147 @@ def _matmul_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> 
 
 
 matmul_p = declare(Primitive("matmul", "host", _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward"))
+
+
+# ---------------------------------------------------------------- host data movement
+
+def region(starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> tuple[slice, ...]:
+    """Python slices selecting `shape[k]` elements from `starts[k]` every `steps[k]` (steps may be negative)."""
+    out = []
+    for start, step, n in zip(starts, steps, shape):
+        if n == 0:
+            out.append(slice(0, 0))
+            continue
+        stop = start + step * (n - 1) + (1 if step > 0 else -1)
+        out.append(slice(start, stop if stop >= 0 else None, step))
+    return tuple(out)
+
+
+def _slice_rule(avals: Sequence[Aval], *, starts: tuple[int, ...], steps: tuple[int, ...],
+                shape: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _slice_impl(x: Any, *, starts: tuple[int, ...], steps: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """A contiguous copy, so kernels reading it compile for one memory layout."""
+    return np.ascontiguousarray(np.asarray(x)[region(starts, steps, shape)])
+
+
+def _slice_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, starts: tuple[int, ...],
+               steps: tuple[int, ...], shape: tuple[int, ...]) -> list[Any]:
+    return [_ops().pad_region(cts[0], starts, steps, ins[0].shape, 0)]
+
+
+def _pad_rule(avals: Sequence[Aval], *, starts: tuple[int, ...], steps: tuple[int, ...], shape: tuple[int, ...],
+              value: Any) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _pad_impl(x: Any, *, starts: tuple[int, ...], steps: tuple[int, ...], shape: tuple[int, ...], value: Any
+              ) -> np.ndarray:
+    x = np.asarray(x)
+    out = np.full(shape, value, x.dtype)
+    out[region(starts, steps, x.shape)] = x
+    return out
+
+
+def _pad_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, starts: tuple[int, ...],
+             steps: tuple[int, ...], shape: tuple[int, ...], value: Any) -> list[Any]:
+    return [_ops().slice_region(cts[0], starts, steps, ins[0].shape)]
+
+
+slice_p = declare(Primitive("slice", "host", _slice_rule, _slice_impl, _slice_vjp, backward_label="SliceBackward"))
+pad_p = declare(Primitive("pad", "host", _pad_rule, _pad_impl, _pad_vjp, backward_label="PadBackward"))
+
+
+def _concatenate_rule(avals: Sequence[Aval], *, axis: int) -> Aval:
+    first = avals[0]
+    shape = list(first.shape)
+    shape[axis] = sum(a.shape[axis] for a in avals)
+    return Aval(tuple(shape), first.dtype, all(a.weak for a in avals))
+
+
+def _concatenate_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, axis: int) -> list[Any]:
+    o = _ops()
+    (g,) = cts
+    grads, offset = [], 0
+    for x in ins:
+        starts = tuple(offset if k == axis else 0 for k in range(x.ndim))
+        grads.append(o.slice_region(g, starts, (1,) * x.ndim, x.shape))
+        offset += x.shape[axis]
+    return grads
+
+
+concatenate_p = declare(Primitive("concatenate", "host", _concatenate_rule,
+                                  lambda *xs, axis: np.concatenate(xs, axis=axis), _concatenate_vjp,
+                                  backward_label="CatBackward"))
+
+
+def _gather_rule(avals: Sequence[Aval], **_: Any) -> Aval:
+    x, *indices = avals
+    return x.with_shape(indices[0].shape + x.shape[len(indices):])
+
+
+def _gather_impl(x: Any, *indices: Any) -> np.ndarray:
+    """x[i0, i1, ...]: integer arrays (of one shape) indexing the leading axes of x."""
+    return np.asarray(x)[tuple(np.asarray(i) for i in indices)]
+
+
+def _gather_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> list[Any]:
+    x, *indices = ins
+    if _picks_one_per_row(x, indices):
+        return [_one_hot_rows(cts[0], indices[1], x)] + [None] * len(indices)
+    return [_ops().scatter_add(cts[0], indices, x.shape)] + [None] * len(indices)
+
+
+def _picks_one_per_row(x: Any, indices: Sequence[Any]) -> bool:
+    """Is this gather x[np.arange(rows), cols] on a matrix, the cross-entropy pattern?"""
+    if len(x.shape) != 2 or len(indices) != 2 or not isinstance(indices[0], np.ndarray):
+        return False
+    rows = indices[0]
+    return rows.shape == (x.shape[0],) and np.array_equal(rows, np.arange(x.shape[0]))
+
+
+def _one_hot_rows(g: Any, cols: Any, x: Any) -> Any:
+    """The gradient of x[arange(rows), cols] as where(cols[:, None] == arange(n), g[:, None], 0): elementwise,
+    so it fuses with the rest of the backward instead of scattering into a fresh array."""
+    o = _ops()
+    rows, n = x.shape
+    wrapped = o.where(o.less(cols, 0), o.add(cols, n), cols)  # numpy's negative indices count from the end
+    hit = o.equal(o.reshape(wrapped, (rows, 1)), np.arange(n).reshape(1, n))
+    return o.where(hit, o.reshape(g, (rows, 1)), 0.0)
+
+
+def _scatter_add_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _scatter_add_impl(g: Any, *indices: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """zeros(shape) with g added at [i0, i1, ...]; repeated indices accumulate (np.add.at)."""
+    g = np.asarray(g)
+    out = np.zeros(shape, g.dtype)
+    np.add.at(out, tuple(np.asarray(i) for i in indices), g)
+    return out
+
+
+def _scatter_add_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, shape: tuple[int, ...]
+                     ) -> list[Any]:
+    _, *indices = ins
+    return [_ops().gather(cts[0], indices)] + [None] * len(indices)
+
+
+gather_p = declare(Primitive("gather", "host", _gather_rule, _gather_impl, _gather_vjp,
+                             backward_label="IndexBackward"))
+scatter_add_p = declare(Primitive("scatter_add", "host", _scatter_add_rule, _scatter_add_impl, _scatter_add_vjp,
+                                  backward_label="IndexPutBackward"))
+
+
+def _arg_rule(avals: Sequence[Aval], *, axis: int) -> Aval:
+    (x,) = avals
+    return Aval(tuple(1 if k == axis else d for k, d in enumerate(x.shape)), np.dtype(np.int64), False)
+
+
+argmax_p = declare(Primitive("argmax", "host", _arg_rule,
+                             lambda x, *, axis: np.argmax(x, axis=axis, keepdims=True).astype(np.int64)))
+argmin_p = declare(Primitive("argmin", "host", _arg_rule,
+                             lambda x, *, axis: np.argmin(x, axis=axis, keepdims=True).astype(np.int64)))

@@ -1,35 +1,104 @@
 """Runtime: a scheduled `Program` bound to compiled kernels, run on numpy arrays.
 
 An `Executable` keeps every value in a slot list; kernel steps allocate their outputs and call a
-numba dispatcher (the serial variant for small domains, the parallel one for large), host steps
+numba dispatcher (the serial variant for small domains; for large ones whichever of serial and
+parallel proved faster on the first calls), host steps
 call the primitive's numpy reference (BLAS for matmul, views for reshapes). Outputs never alias
-inputs or each other: anything that would is copied.
+inputs or each other: anything that would is copied. Kernel output buffers are recycled between
+calls only when nothing outside the runtime still references them (see `OutputBuffers`).
 """
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .fusion import HostStep, LoopKernel, Program
-from .ir import Atom, Literal, Var
+from .ir import Atom, Graph, Literal, Var
 from .kernels import compiler, cpu
+
+class OutputBuffers:
+    """The output arrays of one kernel call site, reused across calls once nobody else holds them.
+
+    A buffer is handed out again only when its reference count shows that the pool is its sole
+    owner: an array the user kept (or any view of it, or a saved residual) is never overwritten.
+    Reuse spares large calls the page faults of fresh allocations.
+    """
+
+    _SOLE_OWNER = 3  # the pool's list, the local name, and getrefcount's own argument
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]):
+        self.shapes = list(shapes)
+        self.dtypes = list(dtypes)
+        self.held: list[np.ndarray | None] = [None] * len(self.shapes)
+        self.lock = threading.Lock()
+
+    def take(self) -> list[np.ndarray]:
+        with self.lock:
+            out = []
+            for k, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes)):
+                buf = self.held[k]
+                if buf is None or sys.getrefcount(buf) != self._SOLE_OWNER:
+                    buf = np.empty(shape, dtype)
+                    self.held[k] = buf
+                out.append(buf)
+            return out
+
+
+class VariantChooser:
+    """Picks the serial or parallel kernel for a large domain by timing both on the first calls.
+
+    On an idle machine the parallel kernel wins; when other processes occupy the cores, waking
+    worker threads can cost more than the work, and the serial kernel wins. Small domains always
+    run serially.
+    """
+
+    TRIALS = 3  # timed calls of each variant before choosing
+
+    def __init__(self, size: int):
+        self.choice = "serial_kernel" if size < cpu.PARALLEL_MIN_SIZE else None
+        self.timings: dict[str, list[float]] = {"parallel_kernel": [], "serial_kernel": []}
+
+    def next(self) -> str:
+        if self.choice is not None:
+            return self.choice
+        par, ser = self.timings["parallel_kernel"], self.timings["serial_kernel"]
+        return "parallel_kernel" if len(par) <= len(ser) else "serial_kernel"
+
+    def record(self, variant: str, seconds: float) -> None:
+        if self.choice is not None:
+            return
+        self.timings[variant].append(seconds)
+        if all(len(t) >= self.TRIALS for t in self.timings.values()):
+            self.choice = min(self.timings, key=lambda v: sorted(self.timings[v])[self.TRIALS // 2])
+
 
 @dataclass
 class _KernelCall:
     kernel: LoopKernel
     compiled: compiler.CompiledSource
-    variant: str
+    chooser: VariantChooser
     inputs: list[int]
     outputs: list[int]
-    out_shapes: list[tuple[int, ...]]
-    out_dtypes: list[np.dtype]
+    buffers: OutputBuffers
+
+    def __post_init__(self) -> None:
+        self.scalars = cpu.scalar_arguments(self.kernel)
 
     def run(self, slots: list[Any]) -> None:
-        outs = [np.empty(s, d) for s, d in zip(self.out_shapes, self.out_dtypes)]
-        ins = [slots[i] for i in self.inputs]
-        self.compiled.call(self.variant, cpu.kernel_arguments(self.kernel, ins, outs))
+        outs = self.buffers.take()
+        args = cpu.kernel_arguments(self.kernel, [slots[i] for i in self.inputs], outs, self.scalars)
+        variant = self.chooser.next()
+        if self.chooser.choice is not None:
+            self.compiled.call(variant, args)
+        else:
+            start = time.perf_counter()
+            self.compiled.call(variant, args)
+            self.chooser.record(variant, time.perf_counter() - start)
         for i, o in zip(self.outputs, outs):
             slots[i] = o
 
@@ -50,36 +119,53 @@ class _HostCall:
                 slots[i] = r
 
 
+class SlotTable:
+    """Numbers a program's values for one flat list per call: graph inputs first, constants preloaded
+    (through `place`, e.g. a copy to the device)."""
+
+    def __init__(self, graph: Graph, place: Callable[[np.ndarray], Any] = lambda value: value):
+        self.slot_of: dict[Var, int] = {}
+        self.initial: list[Any] = []
+        self.place = place
+        for v in graph.inputs:
+            self.slot(v)
+
+    def slot(self, a: Atom) -> int:
+        if isinstance(a, Literal):
+            self.initial.append(self.place(a.value))
+            return len(self.initial) - 1
+        if a not in self.slot_of:
+            self.slot_of[a] = len(self.initial)
+            self.initial.append(None)
+        return self.slot_of[a]
+
+
+def outputs_to_copy(output_slots: Sequence[int], fresh: set[int]) -> list[bool]:
+    """Which outputs must be copied so none aliases an input, a constant or another output."""
+    seen: set[int] = set()
+    copies = []
+    for s in output_slots:
+        copies.append(s not in fresh or s in seen)
+        seen.add(s)
+    return copies
+
+
 class Executable:
     """A program ready to run: call it with the graph's input arrays, get its output arrays."""
 
     def __init__(self, program: Program):
         self.program = program
         graph = program.graph
-        self.slot_of: dict[Var, int] = {}
-        self.initial: list[Any] = []
-        for v in graph.inputs:
-            self._slot(v)
+        self.table = SlotTable(graph)
+        self._slot = self.table.slot
         self.n_inputs = len(graph.inputs)
         self.calls: list[_KernelCall | _HostCall] = [self._bind(s) for s in program.steps]
         self.output_slots = [self._slot(a) for a in graph.outputs]
+        self.initial = self.table.initial
         fresh = {i for c in self.calls if isinstance(c, _KernelCall) for i in c.outputs}
         fresh |= {i for c in self.calls if isinstance(c, _HostCall) and c.fn is np.matmul for i in c.outputs}
-        seen: set[int] = set()
-        self.copy_output = []
-        for s in self.output_slots:
-            self.copy_output.append(s not in fresh or s in seen)
-            seen.add(s)
+        self.copy_output = outputs_to_copy(self.output_slots, fresh)
         self.sources = [c.compiled.source for c in self.calls if isinstance(c, _KernelCall)]
-
-    def _slot(self, a: Atom) -> int:
-        if isinstance(a, Literal):
-            self.initial.append(a.value)
-            return len(self.initial) - 1
-        if a not in self.slot_of:
-            self.slot_of[a] = len(self.initial)
-            self.initial.append(None)
-        return self.slot_of[a]
 
     def _bind(self, step: LoopKernel | HostStep) -> _KernelCall | _HostCall:
         if isinstance(step, HostStep):
@@ -89,10 +175,9 @@ class Executable:
         compiled = compiler.load(cpu.module_source(step), {"parallel_kernel": {"parallel": True},
                                                            "serial_kernel": {}})
         size = int(np.prod(step.domain, dtype=np.int64))
-        variant = "parallel_kernel" if size >= cpu.PARALLEL_MIN_SIZE else "serial_kernel"
-        return _KernelCall(step, compiled, variant, [self._slot(a) for a in step.inputs],
-                           [self._slot(o) for o in step.outputs], [o.aval.shape for o in step.outputs],
-                           [o.aval.dtype for o in step.outputs])
+        return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],
+                           [self._slot(o) for o in step.outputs],
+                           OutputBuffers([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs]))
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         slots = list(self.initial)

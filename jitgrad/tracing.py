@@ -29,9 +29,10 @@ def user_source() -> SourceInfo | None:
     """The innermost stack frame outside jitgrad and numpy: the user's line that made the op."""
     frame = sys._getframe(1)
     while frame is not None:
-        fname = os.path.abspath(frame.f_code.co_filename)
+        raw = frame.f_code.co_filename
+        fname = os.path.abspath(raw)
         if not (fname.startswith(_PACKAGE_DIR) or fname.startswith(_NUMPY_DIR)
-                or fname.startswith("<frozen") or "contextlib" in fname):
+                or raw.startswith("<frozen") or "contextlib" in fname):
             line = linecache.getline(fname, frame.f_lineno)
             return SourceInfo(frame.f_code.co_filename, frame.f_lineno, line)
         frame = frame.f_back
@@ -55,6 +56,7 @@ class Builder:
         self.captured_tracers: list["Tracer"] = []
         self.no_grad_depth = 0
         self.label: str | None = None  # names equations recorded by a VJP rule, e.g. "MulBackward"
+        self.source: SourceInfo | None = None  # while replaying or differentiating: the original user line
 
     def new_input(self, aval: Aval, name: str = "") -> "Tracer":
         v = Var(aval)
@@ -90,7 +92,7 @@ class Builder:
             label: str | None = None) -> list["Tracer"]:
         atoms = tuple(self.atom(a) for a in inputs)
         outs = tuple(Var(a) for a in out_avals)
-        self.eqns.append(Eqn(prim, atoms, dict(params), outs, user_source(), label or self.label))
+        self.eqns.append(Eqn(prim, atoms, dict(params), outs, self.source or user_source(), label or self.label))
         return [Tracer(self, o) for o in outs]
 
     def graph(self, outputs: Sequence[Any]) -> Graph:
@@ -103,16 +105,16 @@ class Builder:
 
 def literal(x: Any) -> Literal:
     """A graph constant from a Python number (weakly typed) or a numpy array/scalar."""
+    if isinstance(x, (np.ndarray, np.generic)):  # first: np.float64 is also a Python float, but not weak
+        arr = np.asarray(x)
+        check_dtype(arr.dtype, "a constant")
+        return Literal(arr.copy(), Aval(arr.shape, arr.dtype, False))
     if isinstance(x, bool):
         return Literal(x, Aval((), np.dtype(bool), True))
     if isinstance(x, int):
         return Literal(x, Aval((), np.dtype(np.int64), True))
     if isinstance(x, float):
         return Literal(x, Aval((), np.dtype(np.float64), True))
-    if isinstance(x, (np.ndarray, np.generic)):
-        arr = np.asarray(x)
-        check_dtype(arr.dtype, "a constant")
-        return Literal(arr.copy(), Aval(arr.shape, arr.dtype, False))
     if isinstance(x, (list, tuple)):
         return literal(np.asarray(x))
     raise UnsupportedError(f"cannot use an object of type {type(x).__name__} as an array in a traced "
@@ -273,7 +275,7 @@ def _install_operators() -> None:
     binary = {
         "add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
         "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "matmul": np.matmul,
-        "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor,
+        "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
     }
     for name, uf in binary.items():
         setattr(Tracer, f"__{name}__", _binary(uf, reflected=False))
@@ -284,7 +286,7 @@ def _install_operators() -> None:
     Tracer.__neg__ = lambda self: np.negative(self)
     Tracer.__pos__ = lambda self: self
     Tracer.__abs__ = lambda self: np.absolute(self)
-    Tracer.__invert__ = lambda self: np.logical_not(self)
+    Tracer.__invert__ = lambda self: np.invert(self)
 
 
 def _binary(uf: np.ufunc, reflected: bool) -> Any:

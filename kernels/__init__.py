@@ -1,1 +1,2 @@
-"""Lowering of fused IR groups to machine code: ``cpu`` (numba, parallel) today."""
+"""Lowering of fused IR groups to machine code: ``cpu`` (numba, parallel) and ``cuda`` (numba-cuda
+source for a GPU or numba's CUDA simulator)."""

@@ -1,83 +1,322 @@
-"""Turns generated kernel source into numba dispatchers, once per source text.
+"""Turns generated kernel source into numba dispatchers: once per source text in a process, and
+once per source, signature and CPU on a machine.
 
-Sources are written to content-hashed modules under the cache directory and compiled with
-numba's `cache=True`, so a new process reuses the machine code (numba cannot cache functions made
-by `exec`). `JITGRAD_CACHE_DIR` moves the directory; `JITGRAD_CACHE=0` keeps everything in memory.
+A source runs as a module named by its content hash (`source_key`: the text and the jitgrad
+modules it imports, whose code numba compiles into the kernel). Machine code persists through
+`DiskCache`, numba's per-dispatcher cache protocol written over `jitgrad.cache`: one checksummed
+file per (function, numba options, argument types, CPU), renamed into place. numba's own
+`cache=True` is not used because its per-function index is read-modified-written without a lock
+(two processes can drop each other's entries or pair an index slot with another signature's
+code) and a damaged index or data file raises instead of recompiling. numba's compile event says
+which kernels compile and for how long (logger `jitgrad.compile`). Threads: modules load under a
+lock, numba compiles under its own, and parallel calls queue under numba's workqueue layer.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import linecache
+import logging
 import os
+import pickle
+import re
 import sys
-import tempfile
 import threading
+import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numba
+from numba.core import config as numba_config
+from numba.core import event as numba_event
+from numba.core.caching import _Cache
+from numba.core.compiler import CompileResult
+from numba.core.runtime import rtsys
+from numba.core.serialize import dumps
 
+from jitgrad import cache
+from jitgrad.logging_setup import configure_from_env
+
+PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
+
+log = logging.getLogger("jitgrad.compile")
+cache_log = logging.getLogger("jitgrad.cache")
 _lock = threading.RLock()
 _modules: dict[str, "CompiledSource"] = {}
-_STATS = {"kernels_loaded": 0, "numba_compiles": 0}
+_STATS = {"kernels_loaded": 0, "numba_compiles": 0, "builds": 0, "disk_hits": 0, "disk_writes": 0}
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import|import[ \t]+([\w.]+))", re.MULTILINE)
 
 
-def cache_dir() -> str:
-    """Where generated modules (and numba's cache beside them) live."""
-    if os.environ.get("JITGRAD_CACHE", "1") == "0":
-        path = os.path.join(tempfile.gettempdir(), f"jitgrad-nocache-{os.getpid()}")
-    else:
-        base = os.environ.get("JITGRAD_CACHE_DIR") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "jitgrad")
-        path = os.path.join(base, f"numba-{numba.__version__}")
-    os.makedirs(path, exist_ok=True)
-    return path
+# ---------------------------------------------------------------------- keys
+
+def _imported_jitgrad_modules(text: str, package: str) -> list[str]:
+    names = []
+    for relative, absolute in _IMPORT.findall(text):
+        name = absolute or relative
+        if name.startswith("."):
+            name = importlib.util.resolve_name(name, package)
+        if name == "jitgrad" or name.startswith("jitgrad."):
+            names.append(name)
+    return names
+
+
+_module_digests: dict[str, bytes] = {}
+
+
+def _module_digest(name: str) -> bytes:
+    """SHA-256 of a jitgrad module's file (read once per process)."""
+    found = _module_digests.get(name)
+    if found is None:
+        spec = importlib.util.find_spec(name)
+        with open(spec.origin, "rb") as fh:
+            found = _module_digests[name] = hashlib.sha256(fh.read()).digest()
+    return found
+
+
+def helper_modules(source: str) -> tuple[str, ...]:
+    """The jitgrad modules a kernel source imports, directly or through one another."""
+    return _import_closure(tuple(sorted(set(_imported_jitgrad_modules(source, "")))))
+
+
+@functools.lru_cache(maxsize=None)
+def _import_closure(direct: tuple[str, ...]) -> tuple[str, ...]:
+    seen: set[str] = set()
+    todo = list(direct)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            with open(spec.origin, encoding="utf-8") as fh:
+                package = name if spec.submodule_search_locations else name.rpartition(".")[0]
+                todo += _imported_jitgrad_modules(fh.read(), package)
+    return tuple(sorted(seen))
+
+
+def source_key(source: str) -> str:
+    """A stable content hash of what a kernel's code depends on: its text and the helper modules'."""
+    h = hashlib.sha256(source.encode())
+    for name in helper_modules(source):
+        h.update(b"\0" + name.encode() + b"\0" + _module_digest(name))
+    return h.hexdigest()[:24]
+
+
+# ---------------------------------------------------------------------- the disk cache numba calls
+
+class DiskCache(_Cache):
+    """Machine code of one generated function, one verified file per signature and CPU.
+
+    numba calls `load_overload` before compiling a new signature and `save_overload` after, both
+    under its compiler lock; this class turns those calls into `jitgrad.cache` entry files. numba's
+    own loader first refreshes its whole compilation target (importing numba.np.*, SciPy: ~0.3 s,
+    most of a warm start); machine code needs only the NRT memory runtime started, so that is all
+    `load_overload` starts (numba refreshes the target itself before any compile).
+    """
+
+    def __init__(self, folder: str, module_name: str, function: str, options: dict[str, Any]):
+        self._folder = folder
+        self._stem = f"{module_name}.{function}"
+        self._options = repr(sorted(options.items()))
+        self._enabled = True
+
+    @property
+    def cache_path(self) -> str:
+        return self._folder
+
+    def entry_path(self, sig: Any, codegen: Any) -> str:
+        """The file for `sig` on this CPU: numba's magic tuple is (target triple, CPU name, CPU features)."""
+        ident = repr((self._stem, self._options, str(sig), codegen.magic_tuple(), numba_config.OPT,
+                      numba_config.BOUNDSCHECK))
+        return os.path.join(self._folder, f"{self._stem}.{hashlib.sha256(ident.encode()).hexdigest()[:20]}.nbk")
+
+    def load_overload(self, sig: Any, target_context: Any) -> CompileResult | None:
+        if not self._enabled:
+            return None
+        start = time.perf_counter()
+        rtsys.initialize(target_context)
+        path = self.entry_path(sig, target_context.codegen())
+        payload = cache.read_entry(path)
+        if payload is None:
+            return None
+        try:
+            cres = CompileResult._rebuild(target_context, *pickle.loads(payload))
+        except Exception as exc:  # a whole entry numba cannot rebuild: recompile rather than fail
+            cache_log.warning("cannot load %s (%s: %s); recompiling", path, type(exc).__name__, exc)
+            cache.discard(path)
+            return None
+        with _lock:
+            _STATS["disk_hits"] += 1
+        cache_log.debug("loaded %s from %s in %.1f ms", self._stem, path, 1e3 * (time.perf_counter() - start))
+        return cres
+
+    def save_overload(self, sig: Any, cres: CompileResult) -> None:
+        if not self._enabled or any(not f.can_cache for f in cres.lifted) or cres.library.has_dynamic_globals:
+            return
+        path = self.entry_path(sig, cres.codegen)
+        if cache.write_entry(path, dumps(cres._reduce())):
+            with _lock:
+                _STATS["disk_writes"] += 1
+            cache.enforce_limit(keep=self._stem.split(".", 1)[0])
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def flush(self) -> None:
+        """Delete this function's machine code files."""
+        for entry in cache.scan(self._folder).values():
+            for path in entry.files:
+                if os.path.basename(path).startswith(self._stem + "."):
+                    cache.discard(path)
+
+
+# ---------------------------------------------------------------------- compile logging
+
+def _is_kernel(dispatcher: Any) -> bool:
+    module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+    return module.startswith(cache.ENTRY_PREFIX)
+
+
+def _label(dispatcher: Any, args: Any) -> str:
+    module = dispatcher.py_func.__module__[len(cache.ENTRY_PREFIX):]
+    return f"kernel {module[:12]}.{dispatcher.py_func.__name__}({', '.join(str(a) for a in args)})"
+
+
+class _CompileLog(numba_event.Listener):
+    """Counts and logs numba compiles of generated kernels; a long compile logs progress."""
+
+    def __init__(self) -> None:
+        self._running: dict[tuple[int, int], tuple[float, threading.Event]] = {}
+
+    def on_start(self, event: numba_event.Event) -> None:
+        dispatcher = event.data["dispatcher"]
+        if not _is_kernel(dispatcher):
+            return
+        label = _label(dispatcher, event.data["args"])
+        start, done = time.perf_counter(), threading.Event()
+        self._running[(threading.get_ident(), id(dispatcher))] = (start, done)
+        log.debug("compiling %s", label)
+        threading.Thread(target=self._progress, args=(label, start, done), daemon=True,
+                         name="jitgrad-compile-progress").start()
+
+    @staticmethod
+    def _progress(label: str, start: float, done: threading.Event) -> None:
+        while not done.wait(PROGRESS_INTERVAL_S):
+            log.info("still compiling %s: %.0f s so far", label, time.perf_counter() - start)
+
+    def on_end(self, event: numba_event.Event) -> None:
+        dispatcher = event.data["dispatcher"]
+        running = self._running.pop((threading.get_ident(), id(dispatcher)), None)
+        if running is None:
+            return
+        start, done = running
+        done.set()
+        seconds = time.perf_counter() - start
+        label = _label(dispatcher, event.data["args"])
+        if tuple(event.data["args"]) not in dispatcher.overloads:  # numba raised: the error reaches the caller
+            log.warning("compiling %s failed after %.2f s", label, seconds)
+            return
+        with _lock:
+            _STATS["builds"] += 1
+        log.info("compiled %s in %.2f s", label, seconds)
+
+
+numba_event.register("numba:compile", _CompileLog())
+configure_from_env()
+
+
+# ---------------------------------------------------------------------- loading and calling
+
+_parallel_calls_safe = False  # set once a parallel call has shown the threading layer is not workqueue
+_parallel_lock = threading.Lock()
+
+
+def _call_parallel(fn: Callable[..., Any], args: list[Any]) -> None:
+    """numba's workqueue threading layer aborts the process when two threads run parallel code at
+    once; until a parallel call has shown which layer is active, and under workqueue, calls queue."""
+    global _parallel_calls_safe
+    if _parallel_calls_safe:
+        fn(*args)
+        return
+    with _parallel_lock:
+        fn(*args)
+        try:
+            _parallel_calls_safe = numba.threading_layer() != "workqueue"
+        except ValueError:  # no parallel region has run yet: the layer is still unknown
+            pass
 
 
 @dataclass
 class CompiledSource:
-    """The dispatchers of one generated module; each compiles on first call with a new signature."""
+    """The dispatchers of one generated module; each compiles (or loads) on first call with new argument types."""
 
     name: str
     source: str
-    functions: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    functions: dict[str, Callable[..., Any]]
+    parallel: frozenset[str] = frozenset()
+    _counted: dict[str, int] = field(default_factory=dict)
 
     def call(self, variant: str, args: list[Any]) -> None:
         fn = self.functions[variant]
-        before = len(fn.signatures)
-        fn(*args)
-        if len(fn.signatures) != before:
+        before = len(fn.overloads)
+        if variant in self.parallel:
+            _call_parallel(fn, args)
+        else:
+            fn(*args)
+        if len(fn.overloads) != before:
             with _lock:
-                _STATS["numba_compiles"] += 1
+                new = len(fn.overloads) - self._counted.get(variant, 0)
+                if new > 0:
+                    _STATS["numba_compiles"] += new
+                    self._counted[variant] = len(fn.overloads)
+
+
+def _module(name: str, source: str, path: str | None) -> types.ModuleType:
+    """Run `source` as module `name`; numba's cached environments find their globals through sys.modules."""
+    filename = path or f"<{name}>"
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    if path is None:
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), module.__dict__)
+    sys.modules[name] = module
+    return module
 
 
 def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
     """Compile (lazily) the functions named in `variants` from `source`, with those numba options."""
-    key = hashlib.sha256(source.encode()).hexdigest()[:24]
+    key = source_key(source)
     with _lock:
         found = _modules.get(key)
         if found is not None:
             return found
-        name = f"jitgrad_kernel_{key}"
-        path = os.path.join(cache_dir(), name + ".py")
-        if not os.path.exists(path):
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "w") as fh:
-                fh.write(source)
-            os.replace(tmp, path)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        cache = os.environ.get("JITGRAD_CACHE", "1") != "0"
-        functions = {fname: numba.njit(cache=cache, error_model="numpy", **opts)(getattr(module, fname))
-                     for fname, opts in variants.items()}
-        compiled = CompiledSource(name, source, functions)
+        name = cache.ENTRY_PREFIX + key
+        folder = cache.directory()
+        path = None if folder is None else os.path.join(folder, name + ".py")
+        if path is not None and not cache.write_source(path, source):
+            folder = path = None
+        module = _module(name, source, path)
+        functions = {}
+        for fname, opts in variants.items():
+            dispatcher = numba.njit(error_model="numpy", **opts)(getattr(module, fname))
+            if folder is not None:
+                dispatcher._cache = DiskCache(folder, name, fname, opts)
+            functions[fname] = dispatcher
+        parallel = frozenset(f for f, opts in variants.items() if opts.get("parallel"))
+        compiled = CompiledSource(name, source, functions, parallel)
         _modules[key] = compiled
         _STATS["kernels_loaded"] += 1
         return compiled
 
 
 def stats() -> dict[str, int]:
+    """Process-wide counters: kernel sources loaded, new dispatcher signatures (`numba_compiles`,
+    compiled or read from disk), machine code `builds`, and disk cache hits and writes."""
     with _lock:
         return dict(_STATS, sources=len(_modules))

@@ -14,10 +14,10 @@ import numpy as np
 
 from jitgrad.fusion import Compute, Load, LoopKernel, Reduction, Stage, Store
 
-PARALLEL_MIN_SIZE = 1 << 15  # domains smaller than this run the serial variant
+PARALLEL_MIN_SIZE = 1 << 18  # domains smaller than this run the serial variant
 CHUNKS = 64  # parallel chunks of a full reduction
 
-HEADER = "import numpy as np\nfrom numba import prange\n"
+HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\nfrom jitgrad.kernels.reductions import add_reassoc\nfrom jitgrad.kernels.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh\n"
 
 
 def numba_type(dtype: np.dtype) -> str:
@@ -36,6 +36,8 @@ def identity_literal(r: Reduction) -> str:
     dtype = accumulator_dtype(r)
     if r.prim.name == "reduce_sum":
         return f"{numba_type(dtype)}(0)"
+    if r.prim.name == "reduce_prod":
+        return f"{numba_type(dtype)}(1)"
     big = "np.inf" if dtype.kind == "f" else str(np.iinfo(dtype).max if dtype.kind in "iu" else 1)
     small = "-np.inf" if dtype.kind == "f" else str(np.iinfo(dtype).min if dtype.kind in "iu" else 0)
     return f"{numba_type(dtype)}({small if r.prim.name == 'reduce_max' else big})"
@@ -79,24 +81,30 @@ def _emit_stores(w: _Writer, k: LoopKernel, depth: int, stores: list[Store]) -> 
 
 
 def _emit_accumulate(w: _Writer, depth: int, r: Reduction, acc: str, value: str) -> None:
+    """Sums go through `add_reassoc` so the loop vectorises; max/min use the primitive's template."""
     typ = numba_type(accumulator_dtype(r))
-    w.line(depth, f"{acc} = {r.prim.cpu.format(acc, f'{typ}({value})')}")
+    combine = "add_reassoc({0}, {1})" if r.prim.name == "reduce_sum" else r.prim.cpu
+    w.line(depth, f"{acc} = {combine.format(acc, f'{typ}({value})')}")
+
+
+def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[str]) -> None:
+    """One pass over the reduced axes: `loops` open the nest, then loads, math, accumulation, stores."""
+    for loop in loops:
+        w.line(depth, loop)
+        depth += 1
+    _emit_body(w, k, depth, stage.body)
+    for r in stage.reductions:
+        _emit_accumulate(w, depth, r, f"{r.acc}_", r.src)
+    _emit_stores(w, k, depth, stage.stores)
+    if not loops and not stage.body and not stage.stores:
+        w.line(depth, "pass")
 
 
 def _emit_stage_rows(w: _Writer, k: LoopKernel, depth: int, stage: Stage) -> None:
     """A stage for one kept point: accumulators, loops over the reduced axes, final casts."""
     for r in stage.reductions:
         w.line(depth, f"{r.acc}_ = {identity_literal(r)}")
-    d = depth
-    for a in k.reduce_axes:
-        w.line(d, f"for i{a} in range(n{a}):")
-        d += 1
-    _emit_body(w, k, d, stage.body)
-    for r in stage.reductions:
-        _emit_accumulate(w, d, r, f"{r.acc}_", r.src)
-    _emit_stores(w, k, d, stage.stores)
-    if not k.reduce_axes and not stage.body and not stage.stores:
-        w.line(d, "pass")
+    _emit_pass(w, k, depth, stage, [f"for i{a} in range(n{a}):" for a in k.reduce_axes])
     for r in stage.reductions:
         w.line(depth, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
@@ -110,17 +118,8 @@ def _emit_stage_chunked(w: _Writer, k: LoopKernel, stage: Stage) -> None:
     w.line(1, "for ch in prange(nc):")
     for r in stage.reductions:
         w.line(2, f"{r.acc}_ = {identity_literal(r)}")
-    w.line(2, f"for i{first} in range(ch * n{first} // nc, (ch + 1) * n{first} // nc):")
-    d = 3
-    for a in rest:
-        w.line(d, f"for i{a} in range(n{a}):")
-        d += 1
-    _emit_body(w, k, d, stage.body)
-    for r in stage.reductions:
-        _emit_accumulate(w, d, r, f"{r.acc}_", r.src)
-    _emit_stores(w, k, d, stage.stores)
-    if not stage.body and not stage.stores and not stage.reductions:
-        w.line(d, "pass")
+    loops = [f"for i{first} in range(ch * n{first} // nc, (ch + 1) * n{first} // nc):"]
+    _emit_pass(w, k, 2, stage, loops + [f"for i{a} in range(n{a}):" for a in rest])
     for r in stage.reductions:
         w.line(2, f"{r.acc}_p[ch] = {r.acc}_")
     for r in stage.reductions:
@@ -169,8 +168,14 @@ def module_source(k: LoopKernel) -> str:
     return HEADER + "\n\n" + generate(k, "parallel_kernel") + "\n\n" + generate(k, "serial_kernel")
 
 
-def kernel_arguments(k: LoopKernel, arrays: list[np.ndarray], outputs: list[np.ndarray]) -> list[Any]:
+def scalar_arguments(k: LoopKernel) -> list[Any]:
+    """The typed scalar constants of a kernel (numpy scalars, so numba keeps float32 float32)."""
+    return [s.value.reshape(())[()] for s in k.scalars]
+
+
+def kernel_arguments(k: LoopKernel, arrays: list[np.ndarray], outputs: list[np.ndarray], scalars: list[Any]
+                     ) -> list[Any]:
     """The call's arguments: lengths, inputs (0-d made 1-d), typed scalar constants, outputs."""
     ins = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
     outs = [o.reshape(1) if o.ndim == 0 else o for o in outputs]
-    return [*k.domain, *ins, *[s.value.reshape(())[()] for s in k.scalars], *outs]
+    return [*k.domain, *ins, *scalars, *outs]

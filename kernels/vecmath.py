@@ -7,7 +7,8 @@ done through LLVM bitcasts and special values handled with selects instead of
 branches, so that after inlining LLVM can turn ``out[i] = vexp(x[i])`` into SIMD.
 
 Use them only inside numba-compiled code; each one dispatches on its argument's
-type, and float32 stays float32 (it is never promoted to float64)::
+type (float32 or float64; anything else is a typing error), and float32 stays
+float32, never promoted to float64::
 
     from jitgrad.kernels.vecmath import vexp
 
@@ -23,24 +24,26 @@ exp(+-inf) = inf/0, log(0) = -inf, log(x<0) = nan, tanh(+-inf) = +-1,
 tanh(-0.0) = -0.0, sigmoid(+-inf) = 1/0, NaN in gives NaN out, overflow gives
 inf and underflow gives the correctly scaled denormal or 0.
 
-Maximum error in ulps (``ULP_BOUNDS``, checked by tests/test_vecmath.py).  The
-float32 reference is the float64 numpy result rounded to float32 (the correctly
-rounded value); the float64 reference is numpy evaluated in 80-bit long double
-and rounded to float64.
+Maximum error in ulps (``ULP_BOUNDS``, re-checked by tests/test_vecmath.py), against
+the correctly rounded result: for float32, numpy's float64 result rounded to
+float32; for float64, numpy evaluated in 80-bit long double and rounded to float64.
+Measured over every third float32 bit pattern of each function's range (every
+pattern for tanh) and 20 million float64 samples spread over all binades.
 
     ==========  =======  =======
     function    float32  float64
     ==========  =======  =======
     vexp        1        1
-    vexpm1      1        1
+    vexpm1      2        2
     vlog        1        1
-    vlog1p      2        2
-    vtanh       2        2
+    vlog1p      1        1
+    vtanh       3        3
     vsigmoid    2        2
     ==========  =======  =======
 """
 
 import math
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -51,10 +54,10 @@ __all__ = ["ULP_BOUNDS", "vexp", "vexpm1", "vlog", "vlog1p", "vsigmoid", "vtanh"
 
 ULP_BOUNDS: dict[str, dict[str, int]] = {
     "vexp": {"float32": 1, "float64": 1},
-    "vexpm1": {"float32": 1, "float64": 1},
+    "vexpm1": {"float32": 2, "float64": 2},
     "vlog": {"float32": 1, "float64": 1},
-    "vlog1p": {"float32": 2, "float64": 2},
-    "vtanh": {"float32": 2, "float64": 2},
+    "vlog1p": {"float32": 1, "float64": 1},
+    "vtanh": {"float32": 3, "float64": 3},
     "vsigmoid": {"float32": 2, "float64": 2},
 }
 
@@ -83,8 +86,13 @@ def _from_bits(typingctx, i):
     return None
 
 
+def _bits_of(v: np.floating) -> np.signedinteger:
+    """Python-level twin of ``_bits``, for building constants."""
+    return v.view(np.int32 if v.dtype == np.float32 else np.int64)
+
+
 def _build(ft: type) -> dict:
-    """Compile the kernels for one float type (np.float32 or np.float64) by name."""
+    """The kernels for one float type (np.float32 or np.float64), by public name."""
     single = ft is np.float32
     it = np.int32 if single else np.int64
     mant = it(23 if single else 52)  # explicit mantissa bits
@@ -105,7 +113,8 @@ def _build(ft: type) -> dict:
     expm1_lo = ft(-20.0 if single else -40.0)
     # tanh(x) rounds to 1 beyond this (and expm1(2x) stays finite).
     tanh_sat = ft(10.0 if single else 20.0)
-    # Below this, expm1(x) and log1p(x) round to x (also keeps -0.0 and denormals).
+    # Below this, expm1(x) and log1p(x) round to x; that select also passes NaN,
+    # -0.0 and denormals through unchanged.
     tiny = ft(2.0**-60)
     smallest_normal = ft(np.finfo(ft).tiny)
     denormal_scale = ft(2.0**mant)
@@ -154,6 +163,7 @@ def _build(ft: type) -> dict:
 
     @_jit
     def exp(x):
+        # Clamping also maps -inf and NaN to exp_lo; NaN is put back at the end.
         xc = x if x > exp_lo else exp_lo
         xc = xc if xc < exp_hi else exp_hi
         r, n = reduce_exp(xc)
@@ -181,6 +191,7 @@ def _build(ft: type) -> dict:
         xs = x * denormal_scale if scaled else x
         # x = 2**k m with m in [sqrt(1/2), sqrt(2)): subtracting the bits of sqrt(1/2)
         # carries into the exponent field exactly when the mantissa reaches it.
+        # Denormals were scaled up by 2**mant, which the exponent takes back.
         ix = _bits(xs) - sqrt_half_bits
         k = (ix >> mant) - (mant if scaled else 0)
         f = _from_bits(it((ix & mant_mask) + sqrt_half_bits)) - one
@@ -224,22 +235,18 @@ def _build(ft: type) -> dict:
             "vtanh": tanh, "vsigmoid": sigmoid}
 
 
-def _bits_of(v: np.floating) -> np.signedinteger:
-    """Python-level twin of ``_bits``, for building constants."""
-    return v.view(np.int32 if v.dtype == np.float32 else np.int64)
-
-
 _KERNELS = {32: _build(np.float32), 64: _build(np.float64)}
 
 
-def _public(name: str, doc: str):
+def _public(name: str, doc: str) -> Callable[[float], float]:
     """A numba-only function ``name`` that dispatches to the float32/float64 kernel."""
 
-    def stub(x):
+    def stub(x: float) -> float:
         raise TypeError(f"{name}() is only callable inside numba-compiled code")
 
     stub.__name__ = stub.__qualname__ = name
-    stub.__doc__ = doc
+    bound = ULP_BOUNDS[name]
+    stub.__doc__ = f"{doc}  Max error: {bound['float32']} ulp (float32), {bound['float64']} ulp (float64)."
 
     @overload(stub, jit_options={"error_model": "numpy", "fastmath": False})
     def _typed(x):
@@ -251,9 +258,9 @@ def _public(name: str, doc: str):
     return stub
 
 
-vexp = _public("vexp", "e**x, elementwise-vectorisable (<= 1 ulp).")
-vexpm1 = _public("vexpm1", "e**x - 1, accurate near 0 (<= 1 ulp).")
-vlog = _public("vlog", "Natural logarithm; denormals exact, log(0) = -inf, log(x<0) = nan.")
-vlog1p = _public("vlog1p", "log(1 + x), accurate near 0 (<= 2 ulp).")
-vtanh = _public("vtanh", "Hyperbolic tangent, via expm1 (<= 2 ulp).")
-vsigmoid = _public("vsigmoid", "1 / (1 + e**-x), without overflow for large |x| (<= 2 ulp).")
+vexp = _public("vexp", "e**x; overflows to inf and underflows through denormals to 0.")
+vexpm1 = _public("vexpm1", "e**x - 1, accurate near 0.")
+vlog = _public("vlog", "Natural logarithm; log(0) = -inf, log(x < 0) = nan, denormals handled.")
+vlog1p = _public("vlog1p", "log(1 + x), accurate near 0.")
+vtanh = _public("vtanh", "Hyperbolic tangent, as t / (t + 2) with t = expm1(2|x|); odd, keeps -0.0.")
+vsigmoid = _public("vsigmoid", "1 / (1 + e**-x), without overflow: e**x / (1 + e**x) for x < 0.")

@@ -15,3 +15,7 @@ settings.load_profile("ci")
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+# tests/cuda runs in its own process under numba's CUDA simulator (tests/test_cuda_sim.py).
+collect_ignore = ["cuda"]

@@ -193,3 +193,25 @@ def test_ir_is_readable_and_names_backward_nodes() -> None:
     text = jg.trace(lambda a, b: np.sum(a * b)).ir(np.ones(3), np.ones(3))
     assert "mul" in text and "reduce_sum" in text
     assert "MulBackward" in text and "SumBackward" in text
+
+
+def test_numpy_scalars_are_not_weak_but_python_scalars_are() -> None:
+    x = np.ones(2, np.float32)
+    assert jg.trace(lambda x: x * 2.0)(x).dtype == np.float32
+    assert jg.trace(lambda x: x * np.float64(2.0))(x).dtype == (x * np.float64(2.0)).dtype
+
+
+def test_bitwise_operators_on_traced_ints_raise_and_work_on_bools() -> None:
+    with pytest.raises(jg.UnsupportedError, match="bitwise_and"):
+        jg.trace(lambda i: i & 3)(np.arange(4))
+    with pytest.raises(jg.UnsupportedError, match="invert"):
+        jg.trace(lambda i: ~i)(np.arange(4))
+    out = jg.trace(lambda a, b: (a & ~b) | (a ^ b))(np.array([True, False, True]), np.array([True, True, False]))
+    np.testing.assert_array_equal(out, [False, True, True])
+
+
+def test_keyword_arguments_are_bound_to_positions() -> None:
+    f = jg.trace(lambda x, scale: x * scale)
+    np.testing.assert_array_equal(f(np.ones(2), scale=3.0), [3.0, 3.0])
+    with pytest.raises(jg.InputError, match="unexpected keyword"):
+        f(np.ones(2), 1.0, factor=3.0)

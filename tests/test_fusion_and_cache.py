@@ -59,3 +59,60 @@ def test_float32_sum_is_accurate() -> None:
     total = jg.trace(np.sum)(x)
     assert total.dtype == np.float32
     assert abs(float(total) - 1_000_003 * float(np.float32(0.1))) / 1e5 < 1e-6
+
+
+def test_buffer_reuse_never_overwrites_arrays_the_user_holds() -> None:
+    f = jg.trace(lambda x: np.exp(x) * 2)
+    x1, x2 = np.zeros(1000), np.ones(1000)
+    kept = f(x1)
+    kept_view = f(x1)[:10]
+    again = f(x2)
+    np.testing.assert_array_equal(kept, 2.0)
+    np.testing.assert_array_equal(kept_view, 2.0)
+    np.testing.assert_allclose(again, 2 * np.e)
+    assert not np.shares_memory(kept, again)
+
+
+def test_buffers_are_recycled_once_released() -> None:
+    f = jg.trace(lambda x: np.exp(x) + 1)
+    x = np.zeros(500)
+    first = f(x)
+    address = first.ctypes.data
+    del first
+    second = f(x)
+    assert second.ctypes.data == address  # the released buffer was reused, not a fresh allocation
+    np.testing.assert_array_equal(second, 2.0)
+
+
+def test_residuals_survive_later_calls() -> None:
+    f = jg.trace(lambda x: np.sum(np.exp(x) * np.sin(x)))
+    x1, x2 = np.linspace(0, 1, 300), np.linspace(1, 2, 300)
+    _, ctx = f.forward(x1)
+    f.forward(x2)
+    (g,) = f.backward(ctx, 1.0)
+    np.testing.assert_allclose(g, np.exp(x1) * (np.sin(x1) + np.cos(x1)), rtol=1e-12)
+
+
+def test_variant_chooser_times_both_variants_then_keeps_the_faster() -> None:
+    from jitgrad.runtime import VariantChooser
+
+    assert VariantChooser(10).next() == "serial_kernel"  # small domains never pay for threads
+    chooser = VariantChooser(1 << 30)
+    seen = []
+    for par, ser in [(0.5, 0.1), (0.6, 0.1), (0.4, 0.2)]:
+        for variant, seconds in (("parallel_kernel", par), ("serial_kernel", ser)):
+            assert chooser.next() == variant
+            seen.append(variant)
+            chooser.record(variant, seconds)
+    assert chooser.choice == "serial_kernel"
+    assert seen.count("parallel_kernel") == seen.count("serial_kernel") == 3
+
+
+def test_serial_and_parallel_variants_give_identical_numbers() -> None:
+    f = jg.trace(loss)
+    w, x, b = _wxb(300_000)
+    results = [f.value_and_grad(w, x, b) for _ in range(6)]  # both variants run while being timed
+    for value, grads in results[1:]:
+        assert value == results[0][0]
+        for g, g0 in zip(grads, results[0][1]):
+            np.testing.assert_array_equal(g, g0)

@@ -1,0 +1,316 @@
+"""The on-disk kernel cache: where it lives, what its directory is keyed on, verified atomic entry
+files, least-recently-used eviction, and one warning when the disk cannot be used.
+
+Layout: `<base>/<version tag>/jitgrad_kernel_<source hash>.py` (the generated source, for people
+and tracebacks) beside `jitgrad_kernel_<source hash>.<function>.<signature hash>.nbk` (machine
+code, one file per compiled signature). A kernel "entry" is every file sharing the
+`jitgrad_kernel_<source hash>` stem; eviction removes whole entries, oldest use first. This module
+knows files only: `jitgrad.kernels.compiler` decides what goes into them.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+ENTRY_PREFIX = "jitgrad_kernel_"
+DEFAULT_MAX_MB = 512.0
+_MAGIC = b"JGK1"
+_DIGEST_BYTES = 32
+
+log = logging.getLogger("jitgrad.cache")
+_lock = threading.Lock()
+_unusable: set[str] = set()  # directories this process failed to write: warned once, never written again
+_warned_settings: set[str] = set()
+
+
+class CacheWarning(UserWarning):
+    """The kernel cache cannot be used as configured; jitgrad carries on without it."""
+
+
+def enabled() -> bool:
+    """False when `JITGRAD_CACHE=0`: kernels are then compiled in memory and nothing is written."""
+    return os.environ.get("JITGRAD_CACHE", "1").strip() != "0"
+
+
+def base_dir() -> str:
+    """`JITGRAD_CACHE_DIR`, else `$XDG_CACHE_HOME/jitgrad`, else `~/.cache/jitgrad`."""
+    chosen = os.environ.get("JITGRAD_CACHE_DIR")
+    if chosen:
+        return os.path.abspath(os.path.expanduser(chosen))
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(xdg, "jitgrad")
+
+
+@lru_cache(maxsize=None)
+def version_tag() -> str:
+    """The part of the key that is the same for every kernel: jitgrad, numba and Python versions."""
+    versions = {name: importlib.metadata.version(name) for name in ("jitgrad", "numba")}
+    return (f"jitgrad-{versions['jitgrad']}-numba-{versions['numba']}-"
+            f"py{sys.version_info.major}{sys.version_info.minor}")
+
+
+def directory() -> str | None:
+    """The directory for this process's entries, created on demand; None when the cache is off or
+    the directory does not exist and cannot be made (after one `CacheWarning`). A directory that
+    cannot be written is still returned: its entries load, nothing new is stored."""
+    if not enabled():
+        return None
+    path = os.path.join(base_dir(), version_tag())
+    if usable(path):
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            mark_unusable(path, exc)
+    return path if os.path.isdir(path) else None
+
+
+def usable(path: str) -> bool:
+    return path not in _unusable
+
+
+def mark_unusable(path: str, exc: OSError) -> None:
+    """Stop writing to `path` for the rest of the process, warning the first time."""
+    with _lock:
+        if path in _unusable:
+            return
+        _unusable.add(path)
+    reason = exc.strerror or str(exc)
+    warnings.warn(f"jitgrad cannot write its kernel cache at {path} ({reason}); compiled kernels are kept in "
+                  f"memory for this process only. Point JITGRAD_CACHE_DIR at a writable directory, or set "
+                  f"JITGRAD_CACHE=0 to run without the disk cache.", CacheWarning, stacklevel=2)
+
+
+def _warn_setting(name: str, message: str) -> None:
+    with _lock:
+        if name in _warned_settings:
+            return
+        _warned_settings.add(name)
+    warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+def max_bytes() -> int:
+    """The size limit: `JITGRAD_CACHE_MAX_MB` megabytes (default 512)."""
+    text = os.environ.get("JITGRAD_CACHE_MAX_MB")
+    if text is None:
+        return int(DEFAULT_MAX_MB * 2**20)
+    try:
+        megabytes = float(text)
+        if megabytes < 0 or megabytes != megabytes:
+            raise ValueError(text)
+    except ValueError:
+        _warn_setting("max_mb", f"JITGRAD_CACHE_MAX_MB={text!r} is not a number of megabytes >= 0; using "
+                                f"{DEFAULT_MAX_MB:g}")
+        megabytes = DEFAULT_MAX_MB
+    return int(megabytes * 2**20)
+
+
+# ---------------------------------------------------------------------- files
+
+def write_atomic(path: str, data: bytes) -> bool:
+    """Write `data` to a temporary file beside `path` and rename it into place, so a reader sees the
+    old file or the whole new one, never part. False (after the one warning) if the disk refuses."""
+    folder = os.path.dirname(path)
+    if not usable(folder):
+        return False
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileNotFoundError:  # the directory was removed (`cache clear` elsewhere): make it again
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
+    except OSError as exc:
+        mark_unusable(folder, exc)
+        return False
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        discard(tmp)
+        mark_unusable(folder, exc)
+        return False
+    return True
+
+
+def write_source(path: str, source: str) -> bool:
+    """Make `path` hold exactly `source` (rewriting a missing, truncated or edited copy) and mark the
+    entry as used now. False when the source is not there and cannot be written."""
+    data = source.encode()
+    folder = os.path.dirname(path)
+    try:
+        with open(path, "rb") as fh:
+            found = fh.read()
+    except FileNotFoundError:
+        found = None
+    except OSError as exc:
+        log.warning("cannot read %s (%s); rewriting it", path, exc)
+        found = None
+    if found == data:
+        if usable(folder):
+            try:
+                os.utime(path)  # the entry's last use, for eviction
+            except FileNotFoundError:  # evicted by another process just now: write it again
+                return write_atomic(path, data)
+            except OSError as exc:
+                mark_unusable(folder, exc)  # a read-only directory: its entries still load
+        return True
+    if found is not None:
+        log.warning("kernel source %s did not match its hash (corrupted or edited); rewriting it", path)
+    return write_atomic(path, data)
+
+
+def write_entry(path: str, payload: bytes) -> bool:
+    """Store `payload` with a magic number and its SHA-256, so `read_entry` can tell it is whole."""
+    return write_atomic(path, _MAGIC + hashlib.sha256(payload).digest() + payload)
+
+
+def read_entry(path: str) -> bytes | None:
+    """The payload stored at `path`; None if absent. A truncated or damaged file is deleted (it is
+    rebuilt by the caller) and logged as a warning."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("cannot read cache entry %s (%s); recompiling", path, exc)
+        return None
+    head = len(_MAGIC) + _DIGEST_BYTES
+    payload = data[head:]
+    if (len(data) < head or data[:len(_MAGIC)] != _MAGIC
+            or hashlib.sha256(payload).digest() != data[len(_MAGIC):head]):
+        log.warning("cache entry %s is corrupted (%d bytes, checksum mismatch); discarding and recompiling",
+                    path, len(data))
+        discard(path)
+        return None
+    return payload
+
+
+def discard(path: str) -> None:
+    """Remove one file, ignoring one that is already gone or cannot be removed."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------- entries, eviction, info
+
+@dataclass
+class Entry:
+    """All files of one kernel: its source and machine code of each compiled signature."""
+
+    folder: str
+    stem: str
+    files: list[str] = field(default_factory=list)
+    size: int = 0
+    last_used: float = 0.0
+
+
+def _version_dirs(base: str) -> list[str]:
+    """jitgrad's version directories under `base` (nothing else there is ever touched)."""
+    try:
+        return sorted(e.path for e in os.scandir(base)
+                      if e.name.startswith("jitgrad-") and e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def scan(folder: str) -> dict[str, Entry]:
+    """The kernel entries in one version directory, by stem."""
+    entries: dict[str, Entry] = {}
+    try:
+        listing = list(os.scandir(folder))
+    except OSError:
+        return entries
+    for item in listing:
+        if not item.name.startswith(ENTRY_PREFIX):
+            continue
+        try:
+            st = item.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        stem = item.name.split(".", 1)[0]
+        entry = entries.setdefault(stem, Entry(folder, stem))
+        entry.files.append(item.path)
+        entry.size += st.st_size
+        entry.last_used = max(entry.last_used, st.st_mtime)
+    return entries
+
+
+def all_entries(base: str | None = None) -> list[Entry]:
+    """Entries of every version directory under the base (old versions' entries count towards the
+    limit and are the first to go, since nothing uses them any more)."""
+    base = base_dir() if base is None else base
+    return [e for folder in _version_dirs(base) for e in scan(folder).values()]
+
+
+def enforce_limit(keep: str = "", limit: int | None = None) -> list[str]:
+    """Evict least-recently-used entries until the cache fits its size limit; never the entry
+    `keep` (the one just written). Returns the evicted stems."""
+    limit = max_bytes() if limit is None else limit
+    entries = all_entries()
+    total = sum(e.size for e in entries)
+    evicted = []
+    for entry in sorted(entries, key=lambda e: e.last_used):
+        if total <= limit:
+            break
+        if entry.stem == keep:
+            continue
+        for path in entry.files:
+            discard(path)
+        total -= entry.size
+        evicted.append(entry.stem)
+        log.info("evicted kernel %s (%d bytes, last used %s) to keep the cache under %d MB", entry.stem,
+                 entry.size, time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used)), limit // 2**20)
+    return evicted
+
+
+@dataclass
+class VersionInfo:
+    name: str
+    entries: int
+    compiled: int
+    size: int
+    current: bool
+
+
+def info() -> dict:
+    """Location, settings and contents (per version directory) of the cache, for `python -m jitgrad cache info`."""
+    base = base_dir()
+    versions = []
+    for folder in _version_dirs(base):
+        entries = scan(folder).values()
+        compiled = sum(f.endswith(".nbk") for e in entries for f in e.files)
+        versions.append(VersionInfo(os.path.basename(folder), len(entries), compiled, sum(e.size for e in entries),
+                                    os.path.basename(folder) == version_tag()))
+    return {"location": base, "enabled": enabled(), "current": version_tag(), "max_bytes": max_bytes(),
+            "versions": versions, "entries": sum(v.entries for v in versions),
+            "size": sum(v.size for v in versions)}
+
+
+def clear() -> tuple[int, int]:
+    """Delete every kernel entry under the base directory (only jitgrad's own files, and version
+    directories left empty). Returns (entries removed, bytes freed)."""
+    removed = freed = 0
+    for folder in _version_dirs(base_dir()):
+        for entry in scan(folder).values():
+            for path in entry.files:
+                discard(path)
+            removed += 1
+            freed += entry.size
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+    return removed, freed

@@ -1,0 +1,322 @@
+"""Custom differentiable functions with PyTorch's protocol: subclass `jg.Function`, write static
+`forward(ctx, *args)` and `backward(ctx, *grad_outputs)`, call `Fn.apply(*args)`.
+
+Inside a trace, `apply` traces `forward` into a closed subgraph and records ONE equation of the
+`custom_function` primitive, whose outputs are the forward outputs followed by the arrays saved
+with `ctx.save_for_backward`. Its VJP traces the user's `backward` on those saved values, so the
+backward is IR too: fused, optimised and differentiable again. Before fusion, `passes.inline_custom`
+replaces the equation by its subgraph, so the forward ops fuse with their neighbours. Outside a
+trace, `apply` simply runs `forward` on the numpy arrays.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import ops
+from .autodiff import inline_graph, joint_vjp_graph, zeros
+from .errors import FunctionError, TraceError
+from .ir import Aval, Eqn, Graph, Var, iter_vars
+from .primitives import Primitive, declare
+from .tracing import (Builder, Tracer, bind, builder_aval, current_builder, flatten_output, trace_to_graph,
+                      unflatten_output, where_text)
+
+_ARRAY_TYPES = (Tracer, np.ndarray, np.generic)
+_INTERNAL = ("_jg_function", "_jg_saved", "needs_input_grad")
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, _ARRAY_TYPES)
+
+
+class FunctionCtx:
+    """The `ctx` of `forward` and `backward`: saved arrays, `needs_input_grad`, and any attribute
+    forward sets on it (flags, shapes, Python numbers), all of which backward sees again."""
+
+    def __init__(self, function: type, needs_input_grad: tuple[bool, ...]):
+        self._jg_function = function
+        self._jg_saved: tuple[Any, ...] = ()
+        self.needs_input_grad = needs_input_grad
+
+    def save_for_backward(self, *values: Any) -> None:
+        """Keep arrays (inputs, outputs or intermediates of forward; None allowed) for backward."""
+        for i, v in enumerate(values):
+            if v is not None and not _is_array(v):
+                name = self._jg_function.__name__
+                raise FunctionError(
+                    f"{name}.forward: ctx.save_for_backward got a {type(v).__name__} as value {i}; only arrays "
+                    f"(and None) can be saved. Keep other values as ctx attributes, e.g. ctx.value = value"
+                    f"{where_text()}")
+        self._jg_saved = values
+
+    @property
+    def saved_tensors(self) -> tuple[Any, ...]:
+        """The values given to `save_for_backward`, in order (traced arrays inside backward)."""
+        return self._jg_saved
+
+    saved_variables = saved_tensors  # PyTorch's old name for the same thing
+
+    def attributes(self) -> dict[str, Any]:
+        """What the user stored on ctx besides the saved arrays."""
+        return {k: v for k, v in vars(self).items() if k not in _INTERNAL}
+
+
+@dataclass(frozen=True, eq=False)
+class FunctionCall:
+    """One `Fn.apply` recorded in a trace: the forward subgraph and what backward needs besides the
+    saved arrays (which are the equation's trailing outputs)."""
+
+    function: type
+    body: Graph  # (array arguments..., captured outer values...) -> (outputs..., saved arrays...)
+    n_outputs: int
+    input_slots: tuple[int | None, ...]  # per forward argument: its position among the equation's inputs
+    input_names: tuple[str, ...]
+    n_given: int  # arguments the caller passed; later ones took forward's defaults
+    needs_input_grad: tuple[bool, ...]
+    saved_slots: tuple[int | None, ...]  # per saved value: its position among the saved arrays (None: None)
+    attributes: dict[str, Any]
+
+    def __repr__(self) -> str:
+        return f"FunctionCall({self.function.__name__})"
+
+
+class FunctionPrimitive(Primitive):
+    """The primitive of every `jg.Function` application; the hooks autodiff and passes call on it."""
+
+    def body(self, e: Eqn) -> Graph:
+        """The forward subgraph that computes `e.outs` from `e.inputs` (what inlining substitutes)."""
+        return e.params["_call"].body
+
+    def impl_traced(self, ins: Sequence[Any], e: Eqn) -> list[Any]:
+        """Re-record the equation, still as one node, on new inputs (evaluate it outside a trace)."""
+        outs = bind(self, *ins, label=e.label, **e.params)
+        return outs if isinstance(outs, list) else [outs]
+
+    def vjp_traced(self, out_cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], e: Eqn) -> list[Any]:
+        return self.vjp(out_cts, ins, outs, **e.params)
+
+    def backward_label_of(self, e: Eqn) -> str:
+        return f"{e.params['fn'].__name__}Backward"
+
+
+def _output_avals(avals: Sequence[Aval], *, fn: type, _call: FunctionCall) -> list[Aval]:
+    return [o.aval for o in _call.body.outputs]
+
+
+def _evaluate(*arrays: Any, fn: type, _call: FunctionCall) -> Any:
+    """Numpy reference: the forward subgraph run on arrays (no trace is active here); like every
+    primitive's impl, one output comes back bare, several as a list."""
+    outs = inline_graph(_call.body, list(arrays))
+    return outs if len(outs) > 1 else outs[0]
+
+
+def _function_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, fn: type, _call: FunctionCall
+                  ) -> list[Any]:
+    """Cotangents of the equation's inputs: the user's backward on the saved arrays, plus, where the
+    saved arrays themselves get cotangents (second derivatives), the VJP of the forward subgraph."""
+    call = _call
+    n = call.n_outputs
+    grad_outputs = [g if g is not None else zeros(o.aval) for g, o in zip(cts[:n], outs[:n])]
+    ctx = FunctionCtx(fn, call.needs_input_grad)
+    vars(ctx).update(call.attributes)
+    saved = outs[n:]
+    ctx._jg_saved = tuple(None if k is None else saved[k] for k in call.saved_slots)
+    grads = _checked_gradients(call, fn.backward(ctx, *grad_outputs), ins)
+    in_cts: list[Any] = [None] * len(ins)
+    for slot, g in zip(call.input_slots, grads):
+        if slot is not None and g is not None:
+            in_cts[slot] = g
+    for slot, g in _vjp_through_forward(call, ins, cts[n:]):
+        in_cts[slot] = g if in_cts[slot] is None else ops.add(in_cts[slot], g)
+    return in_cts
+
+
+custom_function_p = declare(FunctionPrimitive("custom_function", "custom", _output_avals, _evaluate, _function_vjp))
+
+
+def _defined_at(method: Callable[..., Any]) -> str:
+    code = getattr(method, "__code__", None)
+    return f"\n  {method.__qualname__} is defined at {code.co_filename}:{code.co_firstlineno}" if code else ""
+
+
+def _checked_gradients(call: FunctionCall, returned: Any, ins: Sequence[Any]) -> list[Any]:
+    """One gradient per forward argument, checked: count, array-ness, shape and dtype."""
+    fn = call.function
+    name = fn.__name__
+    where = _defined_at(fn.backward)
+    grads = list(returned) if isinstance(returned, (tuple, list)) else [returned]
+    n_inputs = len(call.input_slots)
+    if len(grads) < call.n_given or any(g is not None for g in grads[n_inputs:]):
+        args = ", ".join(call.input_names[:call.n_given])
+        raise FunctionError(f"{name}.backward returned {len(grads)} gradient(s), but {name}.apply was given "
+                            f"{call.n_given} input(s) ({args}); return one gradient per input, None for an "
+                            f"input that has none{where}")
+    grads = grads[:n_inputs] + [None] * (n_inputs - len(grads))
+    for k, (g, slot) in enumerate(zip(grads, call.input_slots)):
+        if g is None:
+            continue
+        what = f"{name}.backward: gradient {k} (for input {call.input_names[k]!r})"
+        if slot is None:
+            raise FunctionError(f"{what} is not None, but that input is not an array and cannot have a gradient; "
+                                f"return None there{where}")
+        want = builder_aval(ins[slot])
+        if not want.is_float:
+            grads[k] = None  # an integer or bool input has no gradient; what backward returns for it is unused
+            continue
+        if not _is_array(g):
+            raise FunctionError(f"{what} is a {type(g).__name__}, not an array{where}")
+        got = builder_aval(g)
+        if got.shape != want.shape:
+            raise FunctionError(f"{what} has shape {got.shape}, but the input has shape {want.shape}{where}")
+        if got.dtype != want.dtype and not (want.weak and got.is_float):
+            raise FunctionError(f"{what} has dtype {got.dtype}, but the input is {want.dtype}; a gradient has "
+                                f"its input's dtype (cast with .astype(np.{want.dtype.name})){where}")
+    return grads
+
+
+def _inputs_reaching(graph: Graph) -> set[Var]:
+    """Vars the graph's outputs depend on through differentiable equations."""
+    needed = set(iter_vars(graph.outputs))
+    for e in reversed(graph.eqns):
+        if e.prim.vjp is not None and any(o in needed for o in e.outs):
+            needed.update(iter_vars(e.inputs))
+    return needed
+
+
+def _vjp_through_forward(call: FunctionCall, ins: Sequence[Any], saved_cts: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(input slot, cotangent) pairs from differentiating the forward ops that computed the saved arrays."""
+    wanted = [j for j, g in enumerate(saved_cts) if g is not None]
+    if not wanted:
+        return []
+    body = call.body
+    saved = Graph(body.inputs, body.eqns, [body.outputs[call.n_outputs + j] for j in wanted], body.input_names)
+    reaching = _inputs_reaching(saved)
+    wrt = [i for i, v in enumerate(body.inputs) if v.aval.is_float and v in reaching]
+    if not wrt:
+        return []
+    results = inline_graph(joint_vjp_graph(saved, wrt), list(ins) + [saved_cts[j] for j in wanted])
+    return list(zip(wrt, results[len(wanted):]))
+
+
+@dataclass
+class _Arguments:
+    """`apply`'s arguments bound to forward's signature, flattened: positional ones, then keywords."""
+
+    values: list[Any]
+    names: list[str]
+    n_positional: int
+    keywords: list[str]
+    n_given: int
+
+    def call(self, forward: Callable[..., Any], ctx: FunctionCtx, values: Sequence[Any]) -> Any:
+        kwargs = dict(zip(self.keywords, values[self.n_positional:]))
+        return forward(ctx, *values[:self.n_positional], **kwargs)
+
+
+def _bind_arguments(cls: type, args: tuple, kwargs: dict) -> _Arguments:
+    signature = inspect.signature(cls.forward)
+    try:
+        bound = signature.bind(None, *args, **kwargs)
+    except TypeError as exc:
+        params = list(signature.parameters.values())[1:]
+        raise FunctionError(f"{cls.__name__}.apply: {exc}; {cls.__name__}.forward takes "
+                            f"(ctx, {', '.join(str(p) for p in params)}){where_text()}") from None
+    bound.apply_defaults()
+    positional = list(bound.args[1:])
+    names = []
+    for p in list(signature.parameters.values())[1:]:
+        if p.kind == p.VAR_POSITIONAL:
+            names += [f"{p.name}[{i}]" for i in range(len(bound.arguments[p.name]))]
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    keywords = list(bound.kwargs)
+    names = names[:len(positional)] + keywords
+    given = [len(args)] + [names.index(k) + 1 for k in kwargs]
+    return _Arguments(positional + [bound.kwargs[k] for k in keywords], names, len(positional), keywords,
+                      max(given))
+
+
+def _check_protocol(cls: type) -> None:
+    for method in ("forward", "backward"):
+        if not isinstance(inspect.getattr_static(cls, method, None), staticmethod):
+            raise FunctionError(f"{cls.__name__}.{method} must be defined as a @staticmethod "
+                                f"(jg.Function subclasses are never instantiated: call {cls.__name__}.apply)")
+
+
+class Function:
+    """Base class of custom differentiable functions, as `torch.autograd.Function`.
+
+        class Exp(jg.Function):
+            @staticmethod
+            def forward(ctx, x):
+                y = np.exp(x)
+                ctx.save_for_backward(y)
+                return y
+
+            @staticmethod
+            def backward(ctx, grad_out):
+                y, = ctx.saved_tensors
+                return grad_out * y
+
+    `backward` returns one gradient per argument given to `apply` (None where there is none); it is
+    written with numpy/jitgrad ops, traced and fused like any other code, and may be differentiated again.
+    """
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        """Run forward on the arguments: recorded as one differentiable node inside a trace,
+        evaluated directly on numpy arrays outside one."""
+        _check_protocol(cls)
+        arguments = _bind_arguments(cls, args, kwargs)
+        needs = tuple(_is_array(v) and builder_aval(v).is_float for v in arguments.values)
+        builder = current_builder() or next((v.builder for v in arguments.values if isinstance(v, Tracer)), None)
+        ctx = FunctionCtx(cls, needs)
+        if builder is None:
+            result = arguments.call(cls.forward, ctx, arguments.values)
+            _forward_outputs(cls, result)
+            return result
+        return _record(cls, arguments, ctx, builder)
+
+
+def _forward_outputs(cls: type, result: Any) -> tuple[list[Any], Any]:
+    """Flatten what forward returned (an array or a tuple/list/dict of arrays)."""
+    try:
+        return flatten_output(result)
+    except TraceError as exc:
+        raise FunctionError(f"{cls.__name__}.forward: {exc}") from None
+
+
+def _record(cls: type, arguments: _Arguments, ctx: FunctionCtx, builder: Builder) -> Any:
+    """Trace forward in a child builder and record one custom_function equation in `builder`'s trace."""
+    name = cls.__name__
+    values = arguments.values
+    array_positions = [k for k, v in enumerate(values) if _is_array(v)]
+    structure: dict[str, Any] = {}
+
+    def traced_forward(*arrays: Any) -> list[Any]:
+        full = list(values)
+        for k, a in zip(array_positions, arrays):
+            full[k] = a
+        leaves, tree = _forward_outputs(cls, arguments.call(cls.forward, ctx, full))
+        for key, v in ctx.attributes().items():
+            if isinstance(v, Tracer) or (isinstance(v, (tuple, list)) and any(isinstance(x, Tracer) for x in v)):
+                raise FunctionError(f"{name}.forward stored a traced array as ctx.{key}; save arrays with "
+                                    f"ctx.save_for_backward(...) and read them from ctx.saved_tensors")
+        structure.update(tree=tree, n_outputs=len(leaves))
+        return leaves + [v for v in ctx.saved_tensors if v is not None]
+
+    body, _, captured = trace_to_graph(traced_forward, [builder_aval(values[k]) for k in array_positions],
+                                       [arguments.names[k] for k in array_positions], parent=builder)
+    saved_slots, count = [], 0
+    for v in ctx.saved_tensors:
+        saved_slots.append(None if v is None else count)
+        count += v is not None
+    call = FunctionCall(cls, body, structure["n_outputs"],
+                        tuple(array_positions.index(k) if k in array_positions else None for k in range(len(values))),
+                        tuple(arguments.names), arguments.n_given, ctx.needs_input_grad, tuple(saved_slots),
+                        ctx.attributes())
+    outs = bind(custom_function_p, *[values[k] for k in array_positions], *captured, label=name, fn=cls, _call=call)
+    return unflatten_output(structure["tree"], outs[:call.n_outputs])

@@ -1,0 +1,43 @@
+"""docs/examples/train_mlp.py trains to its stated accuracy, its loss curve equals PyTorch's, and it
+writes the PNG when matplotlib is installed (and skips it cleanly when not)."""
+import importlib.util
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "examples" / "train_mlp.py"
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("train_mlp_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_trains_to_its_stated_accuracy_with_torch_equal_curves(example, tmp_path, capsys) -> None:
+    png = tmp_path / "loss.png"
+    result = example.main(["--plot", str(png)])
+    out = capsys.readouterr().out
+    assert out.count("jitgrad step") == 5 and "jitgrad step  500/500" in out  # progress while training
+    assert len(result.jitgrad_losses) == len(result.torch_losses) == 500
+    np.testing.assert_allclose(result.jitgrad_losses, result.torch_losses, rtol=0, atol=1e-4)
+    assert result.jitgrad_losses[-1] < 0.25 * result.jitgrad_losses[0]
+    assert result.accuracy >= example.STATED_ACCURACY
+    assert f"training accuracy {result.accuracy:.3f} (stated: >= {example.STATED_ACCURACY})" in out
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert result.plotted and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not result.plotted and not png.exists() and "skipping the plot" in out
+
+
+def test_plot_is_skipped_with_a_message_without_matplotlib(example, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    png = tmp_path / "loss.png"
+    assert example.plot_losses([1.0, 0.5], [1.0, 0.5], str(png)) is False
+    assert "matplotlib is not installed" in capsys.readouterr().out
+    assert not png.exists()

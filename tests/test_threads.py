@@ -1,0 +1,101 @@
+"""Many threads calling one traced function at once, the first call (tracing, compiling, writing
+the disk cache) included, get correct results; each kernel compiles once."""
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+
+import jitgrad as jg
+from jitgrad.kernels import compiler
+
+THREADS = 8
+
+
+def row_score(a, b):
+    return np.sum(np.sin(a) * np.cosh(b) - a * b, axis=1)
+
+
+def row_score_loss(a, b):
+    return np.sum(row_score(a, b) ** 2)
+
+
+def _reference(a, b):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    rows = np.sum(np.sin(a64) * np.cosh(b64) - a64 * b64, axis=1)
+    ga = 2 * rows[:, None] * (np.cos(a64) * np.cosh(b64) - b64)
+    gb = 2 * rows[:, None] * (np.sin(a64) * np.sinh(b64) - a64)
+    return rows, np.sum(rows ** 2), ga, gb
+
+
+def test_many_threads_race_through_the_first_call(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path))  # a cold disk cache: the threads race to fill it
+    f = jg.trace(row_score)
+    loss = jg.trace(row_score_loss)
+    before = compiler.stats()
+    barrier = threading.Barrier(THREADS)
+    failures: list[str] = []
+
+    def work(k: int) -> None:
+        rng = np.random.default_rng(k)
+        shape = (600, 500) if k % 2 else (7, 5)  # parallel and serial kernel variants
+        try:
+            barrier.wait()
+            for _ in range(3):
+                a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+                rows, value, ga, gb = _reference(a, b)
+                np.testing.assert_allclose(f(a, b), rows, rtol=2e-4, atol=1e-3)
+                v, (da, db) = loss.value_and_grad(a, b)
+                np.testing.assert_allclose(v, value, rtol=2e-4)
+                np.testing.assert_allclose(da, ga, rtol=2e-3, atol=1e-2)
+                np.testing.assert_allclose(db, gb, rtol=2e-3, atol=1e-2)
+        except Exception as exc:  # collected: pytest sees only the main thread's exceptions
+            failures.append(f"thread {k}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, "\n".join(failures)
+    after = compiler.stats()
+    new_sources = after["sources"] - before["sources"]
+    assert new_sources >= 2, "the kernels were already compiled: nothing raced"
+    # every (kernel, variant) pair used compiled exactly once, however many threads wanted it
+    assert after["builds"] - before["builds"] == after["numba_compiles"] - before["numba_compiles"]
+    assert after["disk_writes"] - before["disk_writes"] == after["builds"] - before["builds"]
+    assert f.cache_info()["misses"] == 2 and loss.cache_info()["misses"] == 2  # one plan per shape
+
+
+WORKQUEUE_CHILD = r"""
+import threading
+import numba
+import numpy as np
+import jitgrad as jg
+
+f = jg.trace(lambda a: np.tanh(a) * 2.0 + a)
+errors = []
+
+def work(k):
+    x = np.full(1 << 19, k / 10, np.float32)
+    for _ in range(20):
+        if not np.allclose(f(x), np.tanh(x) * 2.0 + x):
+            errors.append(k)
+
+threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(numba.threading_layer(), len(errors))
+"""
+
+
+def test_parallel_kernels_from_many_threads_under_the_workqueue_layer(tmp_path) -> None:
+    """numba's workqueue layer aborts the process on concurrent parallel launches; jitgrad queues them."""
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue", JITGRAD_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", WORKQUEUE_CHILD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["workqueue", "0"]
