@@ -109,10 +109,11 @@ def _emit_stage_rows(w: _Writer, k: LoopKernel, depth: int, stage: Stage) -> Non
         w.line(depth, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
 
-def _emit_stage_chunked(w: _Writer, k: LoopKernel, stage: Stage) -> None:
-    """A stage of a full reduction: parallel chunks of the first reduced axis, then a serial combine."""
+def _emit_stage_chunked(w: _Writer, k: LoopKernel, stage: Stage, parallel: bool) -> None:
+    """A stage of a full reduction: parallel chunks of the first reduced axis, then a serial combine.
+    The serial variant uses one chunk: LLVM vectorises that plain loop far better than a chunk nest."""
     first, rest = k.reduce_axes[0], k.reduce_axes[1:]
-    w.line(1, f"nc = max(1, min(n{first}, {CHUNKS}))")
+    w.line(1, f"nc = max(1, min(n{first}, {CHUNKS}))" if parallel else "nc = 1")
     for r in stage.reductions:
         w.line(1, f"{r.acc}_p = np.empty(nc, {numba_type(accumulator_dtype(r))})")
     w.line(1, "for ch in prange(nc):")
@@ -134,7 +135,7 @@ def argument_names(k: LoopKernel) -> list[str]:
             + [f"c{i}" for i in range(len(k.scalars))] + [f"o{i}" for i in range(len(k.outputs))])
 
 
-def generate(k: LoopKernel, name: str) -> str:
+def generate(k: LoopKernel, name: str, parallel: bool = True) -> str:
     """numba-ready source of a function `name` computing kernel `k` (outputs are preallocated args)."""
     w = _Writer()
     w.line(0, f"def {name}({', '.join(argument_names(k))}):")
@@ -151,7 +152,7 @@ def generate(k: LoopKernel, name: str) -> str:
         _emit_stores(w, k, depth, k.epilogue_stores)
     elif k.reduce_axes:
         for stage in k.stages:
-            _emit_stage_chunked(w, k, stage)
+            _emit_stage_chunked(w, k, stage, parallel)
         _emit_body(w, k, 1, k.epilogue)
         _emit_stores(w, k, 1, k.epilogue_stores)
     else:
@@ -165,7 +166,7 @@ def generate(k: LoopKernel, name: str) -> str:
 
 def module_source(k: LoopKernel) -> str:
     """A module defining the kernel twice, `parallel_kernel` and `serial_kernel`, so numba caches each."""
-    return HEADER + "\n\n" + generate(k, "parallel_kernel") + "\n\n" + generate(k, "serial_kernel")
+    return HEADER + "\n\n" + generate(k, "parallel_kernel") + "\n\n" + generate(k, "serial_kernel", parallel=False)
 
 
 def scalar_arguments(k: LoopKernel) -> list[Any]:
