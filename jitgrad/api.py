@@ -90,6 +90,8 @@ def _cotangent_array(g: Any, aval: Aval, fname: str, k: int) -> np.ndarray:
 
 
 def _as_array(x: Any, aval: Aval) -> np.ndarray:
+    if type(x) is np.ndarray and x.dtype == aval.dtype:  # the common case, without asarray's cost
+        return x
     return np.asarray(x, dtype=aval.dtype)
 
 
@@ -103,7 +105,7 @@ def _numpy_args(args: Sequence[Any], fname: str, device: str = "cpu") -> tuple[S
     Only looks for tensors once the program has imported torch: jitgrad never imports it. With
     device="cuda", CUDA tensors stay as they are and results are device arrays (not tensors)."""
     tensor = getattr(sys.modules.get("torch"), "Tensor", None)
-    if tensor is None or not any(isinstance(a, tensor) for a in args):
+    if tensor is None or all(type(a) is np.ndarray for a in args) or not any(isinstance(a, tensor) for a in args):
         return args, False
     if device == "cuda":
         return tuple(_tensor_array(a, i, fname) if isinstance(a, tensor) and a.device.type == "cpu" else a
@@ -368,10 +370,9 @@ class Traced:
         exe, positions, wrt_args, shape_result = plan.built(("value_and_grad", argnums),
                                                             lambda: self._value_and_grad_program(plan, argnums))
         outs = exe(self._inputs(plan, args))
-        value, grads = outs[0], outs[1:]
-        by_arg = dict(zip(wrt_args, grads))
+        by_arg = dict(zip(wrt_args, outs[1:]))
         result = [self._result(by_arg[i]) if i in by_arg else None for i in positions]
-        value = [self._result(value)]
+        value = [self._result(outs[0])]
         if tensors:
             value, result = _as_tensors(value), _as_tensors(result)
         return unflatten_output(plan.tree, value), shape_result(result)

@@ -289,7 +289,8 @@ class _Grouping:
         self.members: dict[int, list[int]] = {i: [i] for i in self.computing}
         self.producer_index = {o: i for i, e in enumerate(self.eqns) for o in e.outs if e.out not in self.views}
         self.readers: dict[Var, set[int]] = {}  # non-view equations reading a var, directly or through views
-        self.escapes: set[Var] = set()  # vars reaching a graph output, possibly through views
+        self.escapes: set[Var] = set()  # vars reaching a graph output as they are, or through views
+        self.squeezed: dict[Var, list[Var]] = {}  # var -> graph outputs that only drop/add length-1 axes of it
         outputs = {a for a in graph.outputs if isinstance(a, Var)}
         for i, e in enumerate(self.eqns):
             if e.out in self.views:
@@ -298,7 +299,20 @@ class _Grouping:
                 if isinstance(a, Var):
                     self.readers.setdefault(self.source(a), set()).add(i)
         for v in outputs:
-            self.escapes.add(self.source(v))
+            if self.only_squeezes(v):
+                self.squeezed.setdefault(self.source(v), []).append(v)
+            else:
+                self.escapes.add(self.source(v))
+
+    def only_squeezes(self, v: Var) -> bool:
+        """Is `v` a chain of (transparent) reshapes of another value?"""
+        if v not in self.views:
+            return False
+        while v in self.views:
+            if self.views[v].prim is not P.reshape_p:
+                return False
+            v = self.views[v].inputs[0]
+        return True
 
     def source(self, v: Atom) -> Atom:
         """The value a chain of transparent views reads from."""
@@ -306,10 +320,20 @@ class _Grouping:
             v = self.views[v].inputs[0]
         return v
 
-    def outputs_of(self, members: Sequence[int]) -> list[Var]:
+    def outputs_of(self, members: Sequence[int], store_squeezed: bool) -> list[Var]:
+        """What a group writes: values read outside it or returned. With `store_squeezed`, a value returned
+        only as a reshape of itself (a loss of shape () from a (1,) reduction) is written in that shape."""
         inside = set(members)
-        return [o for i in sorted(members) for o in self.eqns[i].outs
-                if o in self.escapes or any(r not in inside for r in self.readers.get(o, ()))]
+        found = []
+        for i in sorted(members):
+            for o in self.eqns[i].outs:
+                squeezed = self.squeezed.get(o, [])
+                if o in self.escapes or any(r not in inside for r in self.readers.get(o, ())) \
+                        or (squeezed and not store_squeezed):
+                    found.append(o)
+                if store_squeezed:
+                    found.extend(squeezed)
+        return found
 
     def successors(self, g: int) -> set[int]:
         found = set()
@@ -343,7 +367,11 @@ class _Grouping:
         return False
 
     def lower(self, members: Sequence[int]) -> LoopKernel:
-        return lower_group([self.eqns[i] for i in sorted(members)], self.outputs_of(members), self.views)
+        eqns = [self.eqns[i] for i in sorted(members)]
+        try:
+            return lower_group(eqns, self.outputs_of(members, store_squeezed=True), self.views)
+        except NotFusible:
+            return lower_group(eqns, self.outputs_of(members, store_squeezed=False), self.views)
 
     def try_merge(self, a: int, b: int) -> bool:
         if a == b or self.reaches_indirectly(a, b) or self.reaches_indirectly(b, a):
@@ -388,18 +416,19 @@ def schedule(graph: Graph) -> Program:
     grouping.run()
     steps: list[LoopKernel | HostStep] = [grouping.lower(m) for m in grouping.members.values()]
     host = [e for e in graph.eqns if e.prim.kind not in ("elementwise", "reduce") and e.out not in grouping.views]
-    needed_views = _views_needed_on_host(graph, grouping.views, host)
+    written = {o for k in steps for o in k.outputs}
+    needed_views = _views_needed_on_host(graph, grouping.views, host, written)
     steps += [HostStep(e) for e in graph.eqns if e in host or id(e) in needed_views]
     return Program(graph, _topological(steps))
 
 
-def _views_needed_on_host(graph: Graph, views: dict[Var, Eqn], host: list[Eqn]) -> set[int]:
-    """Transparent views whose results host steps or the graph's outputs use as arrays."""
+def _views_needed_on_host(graph: Graph, views: dict[Var, Eqn], host: list[Eqn], written: set[Var]) -> set[int]:
+    """Transparent views whose results host steps or the graph's outputs use as arrays (and no kernel writes)."""
     needed: set[int] = set()
     stack = [a for e in host for a in e.inputs] + list(graph.outputs)
     while stack:
         v = stack.pop()
-        if isinstance(v, Var) and v in views and id(views[v]) not in needed:
+        if isinstance(v, Var) and v in views and v not in written and id(views[v]) not in needed:
             needed.add(id(views[v]))
             stack.append(views[v].inputs[0])
     return needed

@@ -288,7 +288,7 @@ def _broadcast_impl(x: Any, *, shape: tuple[int, ...]) -> np.ndarray:
 broadcast_to_p = declare(Primitive("broadcast_to", "view", _broadcast_rule, _broadcast_impl, _broadcast_vjp,
                                    backward_label="ExpandBackward"))
 reshape_p = declare(Primitive(
-    "reshape", "view", _reshape_rule, lambda x, *, shape: np.reshape(x, shape),
+    "reshape", "view", _reshape_rule, lambda x, *, shape: np.asarray(x).reshape(shape),
     lambda cts, ins, outs, *, shape: [_ops().reshape(cts[0], ins[0].shape)], backward_label="ViewBackward"))
 transpose_p = declare(Primitive(
     "transpose", "view", _transpose_rule, lambda x, *, perm: np.transpose(x, perm),

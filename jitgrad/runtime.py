@@ -26,27 +26,42 @@ class OutputBuffers:
 
     A buffer is handed out again only when its reference count shows that the pool is its sole
     owner: an array the user kept (or any view of it, or a saved residual) is never overwritten.
-    Reuse spares large calls the page faults of fresh allocations.
+    Two buffers per output cover `loss, grads = f.value_and_grad(...)` in a loop, where the previous
+    results are still alive during the next call. Reuse spares large calls the page faults of fresh
+    allocations.
     """
 
     _SOLE_OWNER = 3  # the pool's list, the local name, and getrefcount's own argument
+    DEPTH = 2
+    MIN_BYTES = 1 << 16  # smaller outputs are allocated afresh: cheaper than the bookkeeping
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]):
         self.shapes = list(shapes)
         self.dtypes = list(dtypes)
-        self.held: list[np.ndarray | None] = [None] * len(self.shapes)
+        self.held: list[list[np.ndarray]] = [[] for _ in self.shapes]
+        self.small = [int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize < self.MIN_BYTES
+                      for s, d in zip(self.shapes, self.dtypes)]
+        self.pooled = not all(self.small)
         self.lock = threading.Lock()
 
     def take(self) -> list[np.ndarray]:
+        if not self.pooled:
+            return [np.empty(s, d) for s, d in zip(self.shapes, self.dtypes)]
         with self.lock:
-            out = []
-            for k, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes)):
-                buf = self.held[k]
-                if buf is None or sys.getrefcount(buf) != self._SOLE_OWNER:
-                    buf = np.empty(shape, dtype)
-                    self.held[k] = buf
-                out.append(buf)
-            return out
+            return [self._take_one(k) for k in range(len(self.shapes))]
+
+    def _take_one(self, k: int) -> np.ndarray:
+        if self.small[k]:
+            return np.empty(self.shapes[k], self.dtypes[k])
+        pool = self.held[k]
+        for buf in pool:
+            if sys.getrefcount(buf) == self._SOLE_OWNER:
+                return buf
+        buf = np.empty(self.shapes[k], self.dtypes[k])
+        if len(pool) == self.DEPTH:
+            pool.pop(0)  # the oldest is the user's now; the pool forgets it
+        pool.append(buf)
+        return buf
 
 
 class VariantChooser:

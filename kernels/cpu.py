@@ -14,7 +14,7 @@ import numpy as np
 
 from jitgrad.fusion import Compute, Load, LoopKernel, Reduction, Stage, Store
 
-PARALLEL_MIN_SIZE = 1 << 18  # domains smaller than this run the serial variant
+PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
 CHUNKS = 64  # parallel chunks of a full reduction
 
 HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\nfrom jitgrad.kernels.reductions import add_reassoc\nfrom jitgrad.kernels.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh\n"
