@@ -205,6 +205,7 @@ class Traced:
         self.device = device
         self._plans: dict[CallSignature, Plan] = {}
         self._plans_by_key: dict[tuple, Plan] = {}
+        self._repeat_calls: dict[tuple, Callable[[Sequence[Any]], tuple[Any, Any]]] = {}
         self._lock = threading.Lock()
         self._stats = {"hits": 0, "misses": 0}
         functools.update_wrapper(self, fn)
@@ -365,6 +366,12 @@ class Traced:
 
     def value_and_grad(self, *args: Any, argnums: int | Sequence[int] | None = None) -> tuple[Any, Any]:
         """The scalar output and its gradient, computed by one fused forward+backward program."""
+        try:
+            repeat = self._repeat_calls.get((argnums, self._fast_key(args)))
+        except TypeError:  # unhashable argnums or static argument: take the general path
+            repeat = None
+        if repeat is not None:
+            return repeat(args)
         args, tensors = _numpy_args(args, self.name, self.device)
         plan = self.plan(*args)
         exe, positions, wrt_args, shape_result = plan.built(("value_and_grad", argnums),
@@ -375,7 +382,30 @@ class Traced:
         value = [self._result(outs[0])]
         if tensors:
             value, result = _as_tensors(value), _as_tensors(result)
+        elif self.device == "cpu":
+            fast = self._fast_key(args)
+            if fast is not None:
+                self._repeat_calls[(argnums, fast)] = self._repeat_value_and_grad(plan, exe, positions, wrt_args,
+                                                                                 shape_result)
         return unflatten_output(plan.tree, value), shape_result(result)
+
+    def _repeat_value_and_grad(self, plan: Plan, exe: Executable, positions: list[int], wrt_args: list[int],
+                               shape_result: Callable[[list], Any]) -> Callable[[Sequence[Any]], tuple[Any, Any]]:
+        """value_and_grad for calls whose arguments match a seen signature exactly (numpy arrays of the same
+        shapes and dtypes, or Python numbers): the plan lookup and result layout are done once, here."""
+        dynamic = [(i, plan.signature.avals[i]) for i in plan.dynamic]
+        out_index = {arg: k + 1 for k, arg in enumerate(wrt_args)}
+        layout = [out_index.get(i) for i in positions]
+        tree = plan.tree
+        stats = self._stats
+
+        def run(args: Sequence[Any]) -> tuple[Any, Any]:
+            stats["hits"] += 1
+            outs = exe([_as_array(args[i], aval) for i, aval in dynamic])
+            grads = [None if k is None else _result(outs[k]) for k in layout]
+            return unflatten_output(tree, [_result(outs[0])]), shape_result(grads)
+
+        return run
 
     def _value_and_grad_program(self, plan: Plan, argnums: int | Sequence[int] | None) -> tuple:
         self._scalar_output(plan, "value_and_grad")

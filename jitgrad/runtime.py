@@ -180,6 +180,7 @@ class Executable:
         fresh = {i for c in self.calls if isinstance(c, _KernelCall) for i in c.outputs}
         fresh |= {i for c in self.calls if isinstance(c, _HostCall) and c.fn is np.matmul for i in c.outputs}
         self.copy_output = outputs_to_copy(self.output_slots, fresh)
+        self.any_copy = any(self.copy_output)
         self.sources = [c.compiled.source for c in self.calls if isinstance(c, _KernelCall)]
 
     def _bind(self, step: LoopKernel | HostStep) -> _KernelCall | _HostCall:
@@ -199,6 +200,8 @@ class Executable:
         slots[:self.n_inputs] = args
         for c in self.calls:
             c.run(slots)
+        if not self.any_copy:
+            return [slots[s] for s in self.output_slots]
         return [np.array(slots[s], copy=True) if copy else slots[s]
                 for s, copy in zip(self.output_slots, self.copy_output)]
 

@@ -215,3 +215,17 @@ def test_keyword_arguments_are_bound_to_positions() -> None:
     np.testing.assert_array_equal(f(np.ones(2), scale=3.0), [3.0, 3.0])
     with pytest.raises(jg.InputError, match="unexpected keyword"):
         f(np.ones(2), 1.0, factor=3.0)
+
+
+def test_repeat_calls_take_the_fast_path_and_agree_with_the_first() -> None:
+    f = jg.trace(lambda x, s, k: np.sum(np.sin(x) * s * k))
+    x, k = np.linspace(0, 1, 5), np.arange(5)
+    first = f.value_and_grad(x, 2.0, k)
+    for _ in range(3):
+        again = f.value_and_grad(x, 2.0, k)
+        assert again[0] == first[0] and again[1][2] is None and isinstance(again[1][1], np.floating)
+        np.testing.assert_array_equal(again[1][0], first[1][0])
+    np.testing.assert_allclose(f.value_and_grad(x, 3.0, k, argnums=0)[1], 3 * np.cos(x) * k)
+    with pytest.raises(jg.InputError):
+        f.value_and_grad(x, 2.0, k, argnums=2)  # an int array: refused on the fast path too
+    assert f.cache_info()["misses"] == 1

@@ -62,8 +62,10 @@ def test_many_threads_race_through_the_first_call(tmp_path, monkeypatch) -> None
     after = compiler.stats()
     new_sources = after["sources"] - before["sources"]
     assert new_sources >= 2, "the kernels were already compiled: nothing raced"
-    # every (kernel, variant) pair used compiled exactly once, however many threads wanted it
-    assert after["builds"] - before["builds"] == after["numba_compiles"] - before["numba_compiles"]
+    # every (kernel, variant) pair used was compiled or loaded exactly once, however many threads wanted it
+    # (a kernel an earlier test loaded keeps its own disk cache, so a variant may come from disk)
+    assert (after["builds"] - before["builds"]) + (after["disk_hits"] - before["disk_hits"]) \
+        == after["numba_compiles"] - before["numba_compiles"]
     assert after["disk_writes"] - before["disk_writes"] == after["builds"] - before["builds"]
     assert f.cache_info()["misses"] == 2 and loss.cache_info()["misses"] == 2  # one plan per shape
 
