@@ -190,8 +190,9 @@ sub_p = binary("sub", np.subtract, "({0} - {1})", lambda g, x, y, out: (g, -g))
 mul_p = binary("mul", np.multiply, "({0} * {1})", lambda g, x, y, out: (g * y, g * x))
 div_p = binary("div", np.true_divide, "({0} / {1})", lambda g, x, y, out: (g / y, -(g * out) / y))
 pow_p = binary("pow", np.power, "({0} ** {1})", _pow_vjp)
-maximum_p = binary("maximum", np.maximum, "({0} if ({0} >= {1} or {0} != {0}) else {1})", _max_vjp)
-minimum_p = binary("minimum", np.minimum, "({0} if ({0} <= {1} or {0} != {0}) else {1})", _min_vjp)
+# Ties return the second operand, as numpy's do (maximum(-0.0, 0.0) is 0.0); NaN in either operand propagates.
+maximum_p = binary("maximum", np.maximum, "({0} if ({0} > {1} or {0} != {0}) else {1})", _max_vjp)
+minimum_p = binary("minimum", np.minimum, "({0} if ({0} < {1} or {0} != {0}) else {1})", _min_vjp)
 atan2_p = binary("atan2", np.arctan2, "np.arctan2({0}, {1})", _atan2_vjp)
 lt_p = binary("lt", np.less, "({0} < {1})", None, _to_bool)
 le_p = binary("le", np.less_equal, "({0} <= {1})", None, _to_bool)
@@ -246,9 +247,9 @@ def _extremum_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *
 reduce_sum_p = declare(Primitive("reduce_sum", "reduce", _reduce_rule, _reduce_impl(np.sum), _sum_vjp,
                                  "({0} + {1})", "SumBackward"))
 reduce_max_p = declare(Primitive("reduce_max", "reduce", _reduce_rule, _reduce_impl(np.max), _extremum_vjp,
-                                 "({0} if ({0} >= {1} or {0} != {0}) else {1})", "MaxBackward"))
+                                 "({0} if ({0} > {1} or {0} != {0}) else {1})", "MaxBackward"))
 reduce_min_p = declare(Primitive("reduce_min", "reduce", _reduce_rule, _reduce_impl(np.min), _extremum_vjp,
-                                 "({0} if ({0} <= {1} or {0} != {0}) else {1})", "MinBackward"))
+                                 "({0} if ({0} < {1} or {0} != {0}) else {1})", "MinBackward"))
 
 
 def _prod_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, axes: tuple[int, ...]) -> list[Any]:

@@ -155,3 +155,17 @@ def test_cross_entropy_pick_gradient_is_fused_and_matches_torch() -> None:
     np.testing.assert_allclose(value, tv.item(), rtol=1e-12)
     np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-10, atol=1e-14)
     assert "scatter_add" not in f.explain(logits, labels).split("# value_and_grad:")[1].split("source")[0]
+
+
+def test_maximum_and_minimum_ties_follow_numpy() -> None:
+    """On ties numpy returns the second operand: maximum(-0.0, 0.0) is +0.0, maximum(0.0, -0.0) is -0.0."""
+    a = np.array([-0.0, 0.0, 1.0, np.nan, 2.0])
+    b = np.array([0.0, -0.0, 1.0, 1.0, np.nan])
+    for fn in (np.maximum, np.minimum):
+        got = jg.trace(fn)(a, b)
+        want = fn(a, b)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    rows = np.array([[-0.0, 0.0], [0.0, -0.0]])
+    np.testing.assert_array_equal(np.signbit(jg.trace(lambda r: np.max(r, axis=1))(rows)),
+                                  np.signbit(np.max(rows, axis=1)))
