@@ -119,7 +119,6 @@ class SplitGraphs:
     forward: Graph
     backward: Graph
     n_outputs: int
-    n_residuals: int
 
 
 def split_forward_backward(joint: Graph, n_primals: int, n_outputs: int) -> SplitGraphs:
@@ -158,7 +157,7 @@ def split_forward_backward(joint: Graph, n_primals: int, n_outputs: int) -> Spli
     bwd = [Eqn(e.prim, tuple(sub(a) for a in e.inputs), e.params, e.outs, e.source, e.label) for e in bwd_eqns]
     backward = Graph(res_inputs + list(cts), bwd, [sub(g) for g in grads],
                      [f"res{i}" for i in range(len(residuals))] + joint.input_names[n_primals:])
-    return SplitGraphs(forward, backward, n_outputs, len(residuals))
+    return SplitGraphs(forward, backward, n_outputs)
 
 
 def _views_of_constants(eqns: list[Eqn], primals: set[Var]) -> list[Eqn]:

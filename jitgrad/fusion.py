@@ -87,13 +87,6 @@ class LoopKernel:
     def kept_axes(self) -> tuple[int, ...]:
         return tuple(a for a in range(len(self.domain)) if a not in self.reduce_axes)
 
-    def structure_key(self) -> tuple:
-        """What the generated code depends on (not lengths): used to name and cache kernels."""
-        def ins(a: Atom) -> str:
-            return f"{a.aval.dtype.str}{len(a.aval.shape)}"
-        return (len(self.domain), self.reduce_axes, tuple(ins(a) for a in self.inputs),
-                tuple(s.aval.dtype.str for s in self.scalars), tuple(ins(o) for o in self.outputs))
-
 
 @dataclass
 class HostStep:

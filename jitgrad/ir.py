@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -38,9 +38,6 @@ class Aval:
 
     def with_shape(self, shape: Sequence[int]) -> "Aval":
         return Aval(tuple(int(d) for d in shape), self.dtype, self.weak)
-
-    def with_dtype(self, dtype: np.dtype, weak: bool | None = None) -> "Aval":
-        return Aval(self.shape, np.dtype(dtype), self.weak if weak is None else weak)
 
     def __str__(self) -> str:
         dims = ",".join(str(d) for d in self.shape)
@@ -133,14 +130,6 @@ class Graph:
     def producers(self) -> dict[Var, Eqn]:
         return {o: e for e in self.eqns for o in e.outs}
 
-    def consumers(self) -> dict[Var, list[Eqn]]:
-        users: dict[Var, list[Eqn]] = {}
-        for e in self.eqns:
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    users.setdefault(a, []).append(e)
-        return users
-
     def __str__(self) -> str:
         return format_graph(self)
 
@@ -209,9 +198,3 @@ def substitute(graph: Graph, mapping: dict[Var, Atom]) -> Graph:
 
     eqns = [Eqn(e.prim, tuple(res(a) for a in e.inputs), e.params, e.outs, e.source, e.label) for e in graph.eqns]
     return Graph(list(graph.inputs), eqns, [res(a) for a in graph.outputs], list(graph.input_names))
-
-
-def map_graph(graph: Graph, fn: Callable[[Eqn], Eqn | None]) -> Graph:
-    """Apply `fn` to every equation; returning None drops it."""
-    eqns = [r for r in (fn(e) for e in graph.eqns) if r is not None]
-    return Graph(list(graph.inputs), eqns, list(graph.outputs), list(graph.input_names))
