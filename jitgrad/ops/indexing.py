@@ -1,0 +1,232 @@
+"""Indexing: numpy's basic and advanced `x[key]`, take, take_along_axis, repeat, and tracer indexing syntax."""
+from __future__ import annotations
+
+import builtins
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import primitives as P
+from ..errors import ShapeError, TraceError, UnsupportedError
+from ..tracing import Tracer, bind, where_text
+from .core import ArrayLike, aval_of, broadcast_to, normalize_axes
+from .shapes import expand_dims, ravel, reshape, slice_region, transpose
+
+
+def repeat(x: ArrayLike, repeats: Any, axis: Any = None) -> ArrayLike:
+    """numpy.repeat with constant repeats (one count, or one per element along the axis)."""
+    if axis is None:
+        x, axis = ravel(x), 0
+    shape = aval_of(x).shape
+    (ax,) = normalize_axes("repeat", shape, axis)
+    if isinstance(repeats, Tracer):
+        raise UnsupportedError(f"repeat: traced repeats give a data-dependent shape; pass constant counts"
+                               f"{where_text()}")
+    counts = np.asarray(repeats)
+    if counts.dtype.kind not in "iu" or (counts < 0).any() or counts.ndim > 1 or \
+            counts.ndim == 1 and counts.shape[0] not in (1, shape[ax]):
+        raise ShapeError(f"repeat: repeats {repeats!r} must be non-negative ints, one or one per element of axis "
+                         f"{axis} (shape {shape}){where_text()}")
+    if counts.size == 1:
+        r = int(counts.reshape(-1)[0])
+        spread = broadcast_to(expand_dims(x, ax + 1), shape[:ax + 1] + (r,) + shape[ax + 1:])
+        return reshape(spread, shape[:ax] + (shape[ax] * r,) + shape[ax + 1:])
+    return take(x, np.repeat(np.arange(shape[ax]), counts), axis=ax)
+
+
+def gather(x: ArrayLike, indices: Sequence[ArrayLike]) -> ArrayLike:
+    """x[i0, i1, ...] for integer arrays of one shape indexing the leading axes (a host step)."""
+    return bind(P.gather_p, x, *indices)
+
+
+def scatter_add(g: ArrayLike, indices: Sequence[ArrayLike], shape: Sequence[int]) -> ArrayLike:
+    """zeros(shape) with `g` added at [i0, i1, ...]; repeated indices accumulate, as np.add.at."""
+    return bind(P.scatter_add_p, g, *indices, shape=tuple(int(d) for d in shape))
+
+
+def _index_array(k: Any, shape: tuple[int, ...]) -> Any:
+    """An integer index array (traced, or a constant as int64); anything else is a mistake we name."""
+    if isinstance(k, Tracer):
+        if k.dtype == np.bool_:
+            raise UnsupportedError(f"indexing an array of shape {shape} with a traced boolean mask gives a "
+                                   f"data-dependent shape; use np.where(mask, x, 0) or a constant mask"
+                                   f"{where_text()}")
+        if k.dtype.kind not in "iu":
+            raise TraceError(f"indexing an array of shape {shape}: arrays used as indices must be of integer (or "
+                             f"boolean) type, got {k.aval}{where_text()}")
+        return k
+    arr = np.asarray(k)
+    if arr.size == 0 and arr.dtype.kind == "f":
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iub":
+        raise TraceError(f"indexing an array of shape {shape}: only integers, slices, None, ..., and integer or "
+                         f"boolean arrays are valid indices, got {k!r}{where_text()}")
+    return arr if arr.dtype == np.bool_ else arr.astype(np.int64)
+
+
+def _index_entries(shape: tuple[int, ...], key: Any) -> list[tuple[str, Any]]:
+    """The key as one entry per indexed axis or new axis: ("slice", s), ("int", i), ("array", a), ("new", None)."""
+    items = key if isinstance(key, tuple) else (key,)
+    parsed: list[tuple[str, Any]] = []
+    for k in items:
+        if k is None:
+            parsed.append(("new", None))
+        elif k is Ellipsis:
+            parsed.append(("ellipsis", None))
+        elif isinstance(k, slice):
+            parsed.append(("slice", k))
+        elif isinstance(k, (bool, np.bool_)) or isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype == np.bool_:
+            raise UnsupportedError(f"indexing with a scalar boolean is not supported (array of shape {shape})"
+                                   f"{where_text()}")
+        elif isinstance(k, (int, np.integer)):
+            parsed.append(("int", int(k)))
+        else:
+            arr = _index_array(k, shape)
+            parsed.append(("mask" if isinstance(arr, np.ndarray) and arr.dtype == np.bool_ else "array", arr))
+    if [kind for kind, _ in parsed].count("ellipsis") > 1:
+        raise ShapeError(f"an index can only have a single ellipsis ('...'), got {key!r}{where_text()}")
+    used = builtins.sum(v.ndim if kind == "mask" else 1 for kind, v in parsed if kind not in ("new", "ellipsis"))
+    if used > len(shape):
+        raise ShapeError(f"too many indices for array: array of shape {shape} is {len(shape)}-dimensional, but "
+                         f"{used} were indexed{where_text()}")
+    fill = [("slice", slice(None))] * (len(shape) - used)
+    at = next((i for i, (kind, _) in enumerate(parsed) if kind == "ellipsis"), len(parsed))
+    parsed = parsed[:at] + fill + parsed[at + 1:]
+    entries: list[tuple[str, Any]] = []
+    axis = 0
+    for kind, v in parsed:
+        if kind == "mask":
+            if v.shape != shape[axis:axis + v.ndim]:
+                raise ShapeError(f"boolean index of shape {v.shape} does not match the indexed axes "
+                                 f"{shape[axis:axis + v.ndim]} of an array of shape {shape}{where_text()}")
+            entries += [("array", i.astype(np.int64)) for i in np.nonzero(v)]
+        else:
+            entries.append((kind, v))
+        axis += 0 if kind == "new" else v.ndim if kind == "mask" else 1
+    return entries
+
+
+def getitem(x: ArrayLike, key: Any) -> ArrayLike:
+    """x[key] with numpy semantics: basic slicing (steps, negative indices, None, ...) is a strided slice
+    and reshape; integer-array and constant boolean-mask indexing is a gather whose gradient scatter-adds."""
+    shape = aval_of(x).shape
+    entries = _index_entries(shape, key)
+    advanced = any(kind == "array" for kind, _ in entries)
+    if advanced:
+        entries = [("array", np.asarray(v, np.int64)) if kind == "int" else (kind, v) for kind, v in entries]
+    picks: list[tuple[int, int, int]] = []  # per indexed axis: (start, step, length) of the basic slice
+    axes: list[int | None] = []  # per entry: the array axis it indexes (None for a new axis)
+    for kind, v in entries:
+        if kind == "new":
+            axes.append(None)
+            continue
+        axes.append(len(picks))
+        picks.append(_basic_pick(kind, v, len(picks), shape))
+    starts, steps, lengths = ([p[j] for p in picks] for j in range(3))
+    y = slice_region(x, starts, steps, lengths)
+    if not advanced:
+        out = [1 if ax is None else lengths[ax] for (kind, _), ax in zip(entries, axes) if kind != "int"]
+        return reshape(y, out)
+    return _advanced_index(y, entries, axes, lengths)
+
+
+def _basic_pick(kind: str, v: Any, axis: int, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(start, step, length) a slice, an int or an index array (the whole axis) selects from `axis`."""
+    n = shape[axis]
+    if kind == "slice":
+        if builtins.any(isinstance(b, Tracer) for b in (v.start, v.stop, v.step)):
+            raise UnsupportedError(f"slice bounds must be Python ints, not traced values (array of shape {shape})"
+                                   f"{where_text()}")
+        if v.step == 0:
+            raise ShapeError(f"slice step cannot be zero (array of shape {shape}){where_text()}")
+        start, stop, step = v.indices(n)
+        length = len(range(start, stop, step))
+        return (start if length else 0), step, length
+    bad = None
+    if kind == "int" and not -n <= v < n:
+        bad = v
+    elif isinstance(v, np.ndarray) and v.size and not ((-n <= v) & (v < n)).all():
+        bad = v[(v < -n) | (v >= n)][0]
+    if bad is not None:
+        raise ShapeError(f"index {bad} is out of bounds for axis {axis} with size {n} (array of shape {shape})"
+                         f"{where_text()}")
+    return (v % n, 1, 1) if kind == "int" else (0, 1, n)
+
+
+def _advanced_index(y: ArrayLike, entries: list[tuple[str, Any]], axes: list[int | None],
+                    lengths: list[int]) -> ArrayLike:
+    """Gather along the array-indexed axes of `y`; the index dimensions go where the first index array was
+    when the index arrays are adjacent in the key, else first (numpy's rule)."""
+    positions = [k for k, (kind, _) in enumerate(entries) if kind == "array"]
+    arrays = [entries[k][1] for k in positions]
+    try:
+        batch = tuple(np.broadcast_shapes(*[aval_of(a).shape for a in arrays]))
+    except ValueError:
+        raise ShapeError(f"shape mismatch: indexing arrays could not be broadcast together with shapes "
+                         f"{' '.join(str(aval_of(a).shape) for a in arrays)}{where_text()}") from None
+    indexed = [axes[k] for k in positions]
+    rest = [ax for (kind, _), ax in zip(entries, axes) if kind == "slice"]
+    moved = transpose(y, indexed + rest)
+    taken = gather(moved, [broadcast_to(a, batch) for a in arrays])
+    adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
+    before = builtins.sum(1 for kind, _ in entries[:positions[0]] if kind == "slice") if adjacent else 0
+    nb = len(batch)
+    order = [nb + k for k in range(before)] + list(range(nb)) + [nb + k for k in range(before, len(rest))]
+    taken = transpose(taken, order)
+    out: list[int] = [] if adjacent else list(batch)
+    for k, ((kind, _), ax) in enumerate(zip(entries, axes)):
+        if kind == "new":
+            out.append(1)
+        elif kind == "slice":
+            out.append(lengths[ax])
+        elif adjacent and k == positions[0]:
+            out.extend(batch)
+    return reshape(taken, out)
+
+
+def take(x: ArrayLike, indices: Any, axis: Any = None) -> ArrayLike:
+    """numpy.take: the index dimensions replace `axis` (the flattened array when axis is None)."""
+    if axis is None:
+        x, axis = ravel(x), 0
+    shape = aval_of(x).shape
+    (ax,) = normalize_axes("take", shape, axis)
+    return getitem(x, (slice(None),) * ax + (_take_index("take", indices, shape),))
+
+
+def _take_index(op: str, indices: Any, shape: tuple[int, ...]) -> Any:
+    idx = _index_array(indices, shape)
+    if isinstance(idx, np.ndarray) and idx.dtype == np.bool_:
+        raise TraceError(f"{op}: indices must be integers, got a boolean array (array of shape {shape})"
+                         f"{where_text()}")
+    return idx
+
+
+def take_along_axis(x: ArrayLike, indices: Any, axis: Any) -> ArrayLike:
+    """numpy.take_along_axis: `indices` (same ndim as x) picks along `axis`, broadcasting the other axes."""
+    if axis is None:
+        x, axis = ravel(x), 0
+    shape = aval_of(x).shape
+    idx = _take_index("take_along_axis", indices, shape)
+    if aval_of(idx).ndim != len(shape):
+        raise ShapeError(f"take_along_axis: indices of shape {aval_of(idx).shape} must have as many dimensions as "
+                         f"the array of shape {shape}{where_text()}")
+    (ax,) = normalize_axes("take_along_axis", shape, axis)
+    key = tuple(idx if k == ax else np.arange(d).reshape([-1 if j == k else 1 for j in range(len(shape))])
+                for k, d in enumerate(shape))
+    return getitem(x, key)
+
+
+def _tracer_iter(t: Tracer) -> Any:
+    if t.ndim == 0:
+        raise TypeError(f"iteration over a 0-d traced array{where_text()}")
+    return (getitem(t, k) for k in range(t.shape[0]))
+
+
+def _tracer_setitem(t: Tracer, key: Any, value: Any) -> None:
+    raise UnsupportedError(f"traced arrays are immutable: x[...] = v cannot be traced (array of shape {t.shape}); "
+                           f"build the result with np.where, np.concatenate or np.pad{where_text()}")
+
+
+Tracer.__getitem__ = getitem
+Tracer.__iter__ = _tracer_iter
+Tracer.__setitem__ = _tracer_setitem

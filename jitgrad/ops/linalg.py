@@ -1,0 +1,180 @@
+"""Linear algebra: matmul (BLAS between kernels), dot, inner, outer, tensordot, einsum."""
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import numpy as np
+
+from .. import primitives as P
+from ..errors import ShapeError, UnsupportedError
+from ..tracing import bind, where_text
+from .core import ArrayLike, aval_of, broadcast_to, check_computable, convert, normalize_axes, result_type
+from .elementwise import multiply
+from .shapes import reshape, transpose
+from .reductions import sum
+from .indexing import gather
+
+
+def matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """numpy.matmul: 1-D operands are promoted and squeezed, batch dimensions broadcast."""
+    ax, ay = aval_of(x), aval_of(y)
+    if ax.ndim == 0 or ay.ndim == 0:
+        raise ShapeError(f"matmul: operands must not be 0-d (shapes {ax.shape}, {ay.shape}); use *{where_text()}")
+    dtype, weak = result_type(np.add, x, y)
+    check_computable("matmul", dtype, (x, y))
+    x2 = reshape(x, (1,) + ax.shape) if ax.ndim == 1 else x
+    y2 = reshape(y, ay.shape + (1,)) if ay.ndim == 1 else y
+    sx, sy = aval_of(x2).shape, aval_of(y2).shape
+    if sx[-1] != sy[-2]:
+        raise ShapeError(f"matmul: inner dimensions differ: {ax.shape} @ {ay.shape} ({sx[-1]} != {sy[-2]})"
+                         f"{where_text()}")
+    try:
+        batch = tuple(np.broadcast_shapes(sx[:-2], sy[:-2]))
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions of {ax.shape} and {ay.shape} do not broadcast{where_text()}") \
+            from None
+    x2 = broadcast_to(convert(x2, dtype, weak), batch + sx[-2:])
+    y2 = broadcast_to(convert(y2, dtype, weak), batch + sy[-2:])
+    out = bind(P.matmul_p, x2, y2)
+    out_shape = batch + ((sx[-2],) if ax.ndim > 1 else ()) + ((sy[-1],) if ay.ndim > 1 else ())
+    return reshape(out, out_shape)
+
+
+def matmul_nd(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """matmul of operands that already have equal batch shapes and dtype (used by VJP rules)."""
+    return bind(P.matmul_p, x, y)
+
+
+def dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """numpy.dot: products for 0-d operands, matmul up to 2-D, else a sum over x's last and y's
+    second-to-last axis."""
+    ax, ay = aval_of(x), aval_of(y)
+    if ax.ndim == 0 or ay.ndim == 0:
+        return multiply(x, y)
+    if ax.ndim <= 2 and ay.ndim <= 2:
+        return matmul(x, y)
+    return tensordot(x, y, ([-1], [0 if ay.ndim == 1 else -2]), op="dot")
+
+
+def inner(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    """numpy.inner: a sum over the last axes of both operands."""
+    if aval_of(x).ndim == 0 or aval_of(y).ndim == 0:
+        return multiply(x, y)
+    return tensordot(x, y, ([-1], [-1]), op="inner")
+
+
+def outer(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+    return multiply(reshape(x, (-1, 1)), reshape(y, (1, -1)))
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def tensordot(x: ArrayLike, y: ArrayLike, axes: Any = 2, op: str = "tensordot") -> ArrayLike:
+    """numpy.tensordot: sum over `axes` (a count of x's last / y's first axes, or two axis lists)."""
+    sx, sy = aval_of(x).shape, aval_of(y).shape
+    if isinstance(axes, (int, np.integer)):
+        if not 0 <= axes <= builtins.min(len(sx), len(sy)):
+            raise ShapeError(f"{op}: cannot sum over {axes} axes of shapes {sx} and {sy}{where_text()}")
+        ax_x, ax_y = list(range(len(sx) - axes, len(sx))), list(range(axes))
+    else:
+        ax_x, ax_y = ([a] if isinstance(a, (int, np.integer)) else list(a) for a in axes)
+        ax_x = [normalize_axes(op, sx, a)[0] for a in ax_x]
+        ax_y = [normalize_axes(op, sy, a)[0] for a in ax_y]
+    if len(ax_x) != len(ax_y) or any(sx[a] != sy[b] for a, b in zip(ax_x, ax_y)):
+        raise ShapeError(f"{op}: shape-mismatch for sum: axes {ax_x} of {sx} and {ax_y} of {sy}{where_text()}")
+    if len(sx) + len(sy) - len(ax_x) > len(_LETTERS):
+        raise UnsupportedError(f"{op}: too many dimensions ({sx}, {sy}){where_text()}")
+    lx = _LETTERS[:len(sx)]
+    fresh = iter(_LETTERS[len(sx):])
+    ly = "".join(lx[ax_x[ax_y.index(k)]] if k in ax_y else next(fresh) for k in range(len(sy)))
+    out = "".join(c for k, c in enumerate(lx) if k not in ax_x) + "".join(c for k, c in enumerate(ly)
+                                                                         if k not in ax_y)
+    return einsum(f"{lx},{ly}->{out}", x, y)
+
+
+def einsum(subscripts: str, *operands: ArrayLike) -> ArrayLike:
+    """numpy.einsum without '...': contracts operands left to right, each pair by transposes, reshapes and one
+    (batched) matmul, or a broadcast multiply when nothing is summed; repeated letters take diagonals."""
+    if not isinstance(subscripts, str):
+        raise UnsupportedError(f"einsum: only the subscripts-string form is supported{where_text()}")
+    spec = subscripts.replace(" ", "")
+    if "." in spec:
+        raise UnsupportedError(f"einsum: '...' in {subscripts!r} is not supported{where_text()}")
+    lhs, arrow, out = spec.partition("->")
+    terms = lhs.split(",")
+    shapes = [aval_of(x).shape for x in operands]
+    if len(terms) != len(operands) or not builtins.all(c.isalpha() for c in lhs.replace(",", "") + out):
+        raise ShapeError(f"einsum: subscripts {subscripts!r} do not fit {len(operands)} operand(s) of shapes "
+                         f"{shapes}{where_text()}")
+    if not arrow:
+        out = "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
+    if len(set(out)) != len(out) or any(c not in lhs for c in out):
+        raise ShapeError(f"einsum: output subscripts {out!r} must be distinct letters of the inputs "
+                         f"({subscripts!r}){where_text()}")
+    sizes: dict[str, int] = {}
+    for term, sh in zip(terms, shapes):
+        if len(term) != len(sh):
+            raise ShapeError(f"einsum: subscripts {term!r} have {len(term)} letters for an operand of shape {sh} "
+                             f"({subscripts!r}){where_text()}")
+        for c, d in zip(term, sh):
+            if sizes.get(c, 1) not in (1, d) and d != 1:
+                raise ShapeError(f"einsum: letter {c!r} has sizes {sizes[c]} and {d} in operands of shapes "
+                                 f"{shapes} ({subscripts!r}){where_text()}")
+            sizes[c] = builtins.max(sizes.get(c, 1), d)
+    dtype = np.result_type(*[aval_of(x).dtype for x in operands])
+    check_computable("einsum", dtype, operands)
+    pairs = []
+    for term, x in zip(terms, operands):
+        x = broadcast_to(convert(x, dtype), [sizes[c] for c in term])
+        pairs.append(_unique_letters(x, term))
+    acc, acc_term = pairs[0]
+    for k, (x, term) in enumerate(pairs[1:], start=1):
+        needed = set(out).union(*[t for _, t in pairs[k + 1:]])
+        acc, acc_term = _contract(acc, acc_term, x, term, needed)
+    acc, acc_term = _sum_letters(acc, acc_term, set(acc_term) - set(out))
+    return transpose(acc, [acc_term.index(c) for c in out])
+
+
+def _unique_letters(x: ArrayLike, term: str) -> tuple[ArrayLike, str]:
+    """Take the diagonal over each letter repeated in `term` ('ii' -> 'i')."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        where_c = [k for k, t in enumerate(term) if t == c]
+        rest = [k for k, t in enumerate(term) if t != c]
+        n = aval_of(x).shape[where_c[0]]
+        x = gather(transpose(x, where_c + rest), [np.arange(n)] * len(where_c))
+        term = c + "".join(term[k] for k in rest)
+    return x, term
+
+
+def _sum_letters(x: ArrayLike, term: str, letters: set[str]) -> tuple[ArrayLike, str]:
+    axes = tuple(k for k, c in enumerate(term) if c in letters)
+    return (sum(x, axis=axes), "".join(c for c in term if c not in letters)) if axes else (x, term)
+
+
+def _contract(x: ArrayLike, tx: str, y: ArrayLike, ty: str, needed: set[str]) -> tuple[ArrayLike, str]:
+    """Contract two operands over their shared letters that no later operand or the output needs."""
+    x, tx = _sum_letters(x, tx, set(tx) - set(ty) - needed)
+    y, ty = _sum_letters(y, ty, set(ty) - set(tx) - needed)
+    batch = [c for c in tx if c in ty and c in needed]
+    summed = [c for c in tx if c in ty and c not in needed]
+    only_x = [c for c in tx if c not in ty]
+    only_y = [c for c in ty if c not in tx]
+    sx = dict(zip(tx, aval_of(x).shape))
+    sy = dict(zip(ty, aval_of(y).shape))
+    dims = [sx[c] for c in batch]
+    if not summed:
+        xt = reshape(transpose(x, [tx.index(c) for c in batch + only_x]),
+                     dims + [sx[c] for c in only_x] + [1] * len(only_y))
+        yt = reshape(transpose(y, [ty.index(c) for c in batch + only_y]),
+                     dims + [1] * len(only_x) + [sy[c] for c in only_y])
+        return multiply(xt, yt), "".join(batch + only_x + only_y)
+    m = int(np.prod([sx[c] for c in only_x], dtype=np.int64))
+    k = int(np.prod([sx[c] for c in summed], dtype=np.int64))
+    n = int(np.prod([sy[c] for c in only_y], dtype=np.int64))
+    xt = reshape(transpose(x, [tx.index(c) for c in batch + only_x + summed]), dims + [m, k])
+    yt = reshape(transpose(y, [ty.index(c) for c in batch + summed + only_y]), dims + [k, n])
+    product = matmul(xt, yt)
+    return reshape(product, dims + [sx[c] for c in only_x] + [sy[c] for c in only_y]), "".join(batch + only_x + only_y)
