@@ -210,9 +210,10 @@ class Traced:
         self._stats = {"hits": 0, "misses": 0}
         functools.update_wrapper(self, fn)
         try:
-            self._param_names = list(inspect.signature(fn).parameters)
+            self._fn_signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
-            self._param_names = []
+            self._fn_signature = None
+        self._param_names = list(self._fn_signature.parameters) if self._fn_signature else []
 
     @property
     def name(self) -> str:
@@ -239,14 +240,6 @@ class Traced:
                 avals.append(_arg_aval(i, x, self.name, self.device))
         return CallSignature(tuple(avals), tuple(statics))
 
-    def _check_arity(self, args: Sequence[Any]) -> None:
-        try:
-            inspect.signature(self.fn).bind(*args)
-        except TypeError as exc:
-            raise InputError(f"{self.name}: {exc}") from None
-        except ValueError:
-            pass
-
     def _fast_key(self, args: Sequence[Any]) -> tuple | None:
         """A cheap hashable key for the common argument kinds (None: take the validating path)."""
         key: list[Any] = []
@@ -272,7 +265,7 @@ class Traced:
         if found is not None:
             self._stats["hits"] += 1
             return found
-        self._check_arity(args)
+        self._positional(args, {})
         sig = self._signature(args)
         found = self._plans.get(sig)
         if found is not None:
@@ -316,10 +309,15 @@ class Traced:
 
     # ------------------------------------------------------------------ calling
 
-    def _positional(self, args: tuple, kwargs: dict) -> tuple:
-        """Keyword arguments become positional ones (plans and argnums are positional)."""
+    def _positional(self, args: Sequence[Any], kwargs: dict) -> tuple:
+        """The arguments checked against fn's signature, keyword ones made positional (plans and argnums are
+        positional)."""
+        if self._fn_signature is None:  # not introspectable (some builtins): numpy checks the call itself
+            if kwargs:
+                raise InputError(f"{self.name}: pass arguments by position (its signature cannot be inspected)")
+            return tuple(args)
         try:
-            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            bound = self._fn_signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise InputError(f"{self.name}: {exc}") from None
         if bound.kwargs:
@@ -366,9 +364,11 @@ class Traced:
 
     def value_and_grad(self, *args: Any, argnums: int | Sequence[int] | None = None) -> tuple[Any, Any]:
         """The scalar output and its gradient, computed by one fused forward+backward program."""
+        if isinstance(argnums, list):
+            argnums = tuple(argnums)  # a key of the compiled programs and the repeat-call table
         try:
             repeat = self._repeat_calls.get((argnums, self._fast_key(args)))
-        except TypeError:  # unhashable argnums or static argument: take the general path
+        except TypeError:  # an unhashable static argument: take the general path
             repeat = None
         if repeat is not None:
             return repeat(args)
@@ -458,9 +458,9 @@ class Traced:
         for k, (g, o) in enumerate(zip(grad_outputs, outs)):
             if not o.aval.is_float:
                 arr = np.zeros(o.aval.shape, o.aval.dtype)
-            elif self.device == "cuda" and _device_array_aval(g) is not None:
-                if _device_array_aval(g).dtype != o.aval.dtype:
-                    raise InputError(f"{self.name}.backward: cotangent {k} is a {_device_array_aval(g).dtype} "
+            elif self.device == "cuda" and (on_device := _device_array_aval(g)) is not None:
+                if on_device.dtype != o.aval.dtype:
+                    raise InputError(f"{self.name}.backward: cotangent {k} is a {on_device.dtype} "
                                      f"device array but output {k} is {o.aval.dtype}")
                 arr = g  # a device cotangent is used where it lives
             else:
@@ -543,7 +543,8 @@ def trace(fn: Callable[..., Any] | None = None, *, static_argnums: Sequence[int]
 def _traced_value_and_grad(fn: Callable[..., Any], args: Sequence[Any], argnums: int | Sequence[int]) -> Any:
     """value_and_grad inside an enclosing trace: differentiate a subgraph and inline it."""
     positions = [argnums] if isinstance(argnums, int) else list(argnums)
-    avals = [a.aval if isinstance(a, Tracer) else Traced(fn)._signature([a]).avals[0] for a in args]
+    avals = [a.aval if isinstance(a, Tracer) else _arg_aval(i, a, getattr(fn, '__name__', 'function'))
+             for i, a in enumerate(args)]
     graph, tree, captured = trace_to_graph(fn, avals)
     if len(graph.outputs) != 1 or graph.outputs[0].aval.size != 1:
         raise InputError(f"grad of {getattr(fn, '__name__', 'function')} needs a scalar output, got "
@@ -586,7 +587,8 @@ def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[..., tuple[An
     base = fn.fn if isinstance(fn, Traced) else fn
     if not (any(isinstance(a, Tracer) for a in args) or current_builder() is not None):
         return Traced(base).vjp(*args)
-    avals = [a.aval if isinstance(a, Tracer) else Traced(base)._signature([a]).avals[0] for a in args]
+    avals = [a.aval if isinstance(a, Tracer) else _arg_aval(i, a, getattr(base, '__name__', 'function'))
+             for i, a in enumerate(args)]
     graph, tree, captured = trace_to_graph(base, avals)
     wrt = [i for i, a in enumerate(avals) if a.is_float]
     joint = joint_vjp_graph(graph, wrt)

@@ -229,3 +229,10 @@ def test_repeat_calls_take_the_fast_path_and_agree_with_the_first() -> None:
     with pytest.raises(jg.InputError):
         f.value_and_grad(x, 2.0, k, argnums=2)  # an int array: refused on the fast path too
     assert f.cache_info()["misses"] == 1
+
+
+def test_argnums_as_a_list_works_like_a_tuple() -> None:
+    f = jg.trace(lambda a, b: np.sum(a * b))
+    ga, gb = f.grad(np.ones(2), np.full(2, 3.0), argnums=[0, 1])
+    np.testing.assert_array_equal(ga, [3.0, 3.0])
+    np.testing.assert_array_equal(gb, [1.0, 1.0])
