@@ -43,6 +43,7 @@ class Compute:
     args: list[str]
     params: dict[str, Any]
     dtype: np.dtype
+    value: tuple = ()  # (var id, index): equal in two passes when both compute the same value
 
 
 @dataclass
@@ -220,7 +221,7 @@ class _LoopBuilder:
         elif e.prim.kind == "elementwise":
             args = [self.value(x, index, body, stage) for x in e.inputs]
             name = self.fresh("t")
-            body.append(Compute(name, e.prim, args, e.params, a.aval.dtype))
+            body.append(Compute(name, e.prim, args, e.params, a.aval.dtype, (a.id, index)))
         else:
             raise NotFusible(e.prim.name)
         self.memo[key] = name

@@ -5,6 +5,13 @@ first reduced axis for full reductions) and a serial one for small domains. Leng
 arguments, so one compiled kernel serves every length of the same rank, dtypes and layout.
 Scalar constants are typed arguments too (numba would type a bare `1.0` as float64 and promote
 float32 math). No fast-math: numbers match numpy's.
+
+What lets LLVM vectorise the loops: arrays are indexed with unsigned copies of the loop variables
+(numba wraps negative signed indices with a select, which turns contiguous loads into gathers);
+float32 sums add blocks of `BLOCK` terms in float32 lanes and fold each block into a float64
+total (a float64 accumulator would halve the vector width of the whole loop); float max/min
+reductions use LLVM's NaN-propagating `maximum`/`minimum`, and a row whose extremum is zero is
+rescanned with numpy's sequential rule so that the sign of the zero matches numpy's.
 """
 from __future__ import annotations
 
@@ -13,11 +20,15 @@ from typing import Any
 import numpy as np
 
 from jitgrad.fusion import Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.kernels import carry
 
 PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
 CHUNKS = 64  # parallel chunks of a full reduction
+BLOCK = 256  # terms a float32 sum adds in float32 (16 lanes of 16) before folding them into float64
 
-HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\nfrom jitgrad.kernels.reductions import add_reassoc\nfrom jitgrad.kernels.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh\n"
+HEADER = ("import math\n\nimport numpy as np\nfrom numba import prange\n"
+          "from jitgrad.kernels.reductions import add_reassoc, block_sum, maximum_propagating, minimum_propagating\n"
+          "from jitgrad.kernels.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh\n")
 
 
 def numba_type(dtype: np.dtype) -> str:
@@ -53,10 +64,29 @@ def expression(c: Compute) -> str:
     return expr
 
 
-def index_text(index: tuple, rank: int) -> str:
+def index_text(index: tuple, rank: int, var: str = "i") -> str:
+    """Index expression of an array access: loop variables `<var><axis>`, 0 along broadcast axes."""
     if rank == 0:
         return "0"
-    return ", ".join(f"i{a}" if a is not None else "0" for a in index)
+    return ", ".join(f"{var}{a}" if a is not None else "0" for a in index)
+
+
+def row_index(k: LoopKernel) -> str:
+    """Index of the current point into a per-row scratch array (the reduced axes)."""
+    return ", ".join(f"u{a}" for a in k.reduce_axes)
+
+
+def is_blocked(r: Reduction) -> bool:
+    """float32 sums add per block in float32 (full vector width), then across blocks in float64."""
+    return r.prim.name == "reduce_sum" and r.dtype == np.float32
+
+
+def is_float_extremum(r: Reduction) -> bool:
+    return r.prim.name in ("reduce_max", "reduce_min") and r.dtype.kind == "f"
+
+
+VECTOR_COMBINE = {"reduce_sum": "add_reassoc({0}, {1})", "reduce_max": "maximum_propagating({0}, {1})",
+                  "reduce_min": "minimum_propagating({0}, {1})"}
 
 
 class _Writer:
@@ -66,67 +96,138 @@ class _Writer:
     def line(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
 
+    def loop(self, depth: int, axis: int, bounds: str, loop: str = "range") -> int:
+        """Open `for i<axis> in loop(bounds)` with its unsigned index copy; the depth inside."""
+        self.line(depth, f"for i{axis} in {loop}({bounds}):")
+        self.line(depth + 1, f"u{axis} = np.uint64(i{axis})")
+        return depth + 1
 
-def _emit_body(w: _Writer, k: LoopKernel, depth: int, body: list[Load | Compute]) -> None:
+
+def _emit_body(w: _Writer, k: LoopKernel, depth: int, body: list[Load | Compute | carry.ScratchLoad]) -> None:
     for st in body:
         if isinstance(st, Load):
-            w.line(depth, f"{st.dst} = a{st.input}[{index_text(st.index, k.inputs[st.input].aval.ndim)}]")
+            w.line(depth, f"{st.dst} = a{st.input}[{index_text(st.index, k.inputs[st.input].aval.ndim, 'u')}]")
+        elif isinstance(st, carry.ScratchLoad):
+            w.line(depth, f"{st.dst} = {st.array}[{row_index(k)}]")
         else:
             w.line(depth, f"{st.dst} = {expression(st)}")
 
 
 def _emit_stores(w: _Writer, k: LoopKernel, depth: int, stores: list[Store]) -> None:
     for s in stores:
-        w.line(depth, f"o{s.output}[{index_text(s.index, k.outputs[s.output].aval.ndim)}] = {s.src}")
+        w.line(depth, f"o{s.output}[{index_text(s.index, k.outputs[s.output].aval.ndim, 'u')}] = {s.src}")
 
 
-def _emit_accumulate(w: _Writer, depth: int, r: Reduction, acc: str, value: str) -> None:
-    """Sums go through `add_reassoc` so the loop vectorises; max/min use the primitive's template."""
+def _emit_accumulate(w: _Writer, depth: int, r: Reduction, acc: str, value: str, exact: bool = False) -> None:
+    """`acc` combined with `value`: the vectorisable combiner, or (`exact`, and for integers) the
+    primitive's template, numpy's sequential rule."""
     typ = numba_type(accumulator_dtype(r))
-    combine = "add_reassoc({0}, {1})" if r.prim.name == "reduce_sum" else r.prim.cpu
+    vector = VECTOR_COMBINE.get(r.prim.name) if r.dtype.kind == "f" else None
+    combine = r.prim.cpu if exact or vector is None else vector
     w.line(depth, f"{acc} = {combine.format(acc, f'{typ}({value})')}")
 
 
-def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[str]) -> None:
-    """One pass over the reduced axes: `loops` open the nest, then loads, math, accumulation, stores."""
-    for loop in loops:
-        w.line(depth, loop)
-        depth += 1
-    _emit_body(w, k, depth, stage.body)
+def _slice(body: list, name: str) -> list:
+    """The statements of `body` that computing `name` needs, in order."""
+    needed, kept = {name}, []
+    for st in reversed(body):
+        if st.dst in needed:
+            kept.append(st)
+            if isinstance(st, Compute):
+                needed.update(st.args)
+    return kept[::-1]
+
+
+def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[tuple[int, str, str]],
+               carries: list[carry.Carry]) -> None:
+    """One pass over the reduced axes (`loops`: axis, start, stop, outermost first): loads, math,
+    accumulation, stores, and the values later passes reuse. With float32 sums the innermost loop
+    runs in blocks of BLOCK: each block's terms go to scratch `<acc>_s`, summed by `block_sum`."""
+    blocked = [r for r in stage.reductions if is_blocked(r)] if loops else []
+    for axis, start, stop in (loops[:-1] if blocked else loops):
+        depth = w.loop(depth, axis, f"{start}, {stop}")
+    inner = depth
+    if blocked:
+        axis, start, stop = loops[-1]
+        w.line(depth, f"for b{axis} in range({start}, {stop}, {BLOCK}):")
+        w.line(depth + 1, f"m{axis} = min(b{axis} + {BLOCK}, {stop}) - b{axis}")
+        inner = w.loop(depth + 1, axis, f"b{axis}, b{axis} + m{axis}")
+    _emit_body(w, k, inner, stage.body)
     for r in stage.reductions:
-        _emit_accumulate(w, depth, r, f"{r.acc}_", r.src)
-    _emit_stores(w, k, depth, stage.stores)
+        if r in blocked:
+            w.line(inner, f"{r.acc}_s[np.uint64(i{loops[-1][0]} - b{loops[-1][0]})] = np.float32({r.src})")
+        else:
+            _emit_accumulate(w, inner, r, f"{r.acc}_", r.src)
+    _emit_stores(w, k, inner, stage.stores)
+    for c in carries:
+        w.line(inner, f"{c.array}[{row_index(k)}] = {c.src}")
+    for r in blocked:
+        w.line(depth + 1, f"{r.acc}_ += np.float64(block_sum({r.acc}_s, m{loops[-1][0]}))")
     if not loops and not stage.body and not stage.stores:
         w.line(depth, "pass")
 
 
-def _emit_stage_rows(w: _Writer, k: LoopKernel, depth: int, stage: Stage) -> None:
+def _emit_zero_rescan(w: _Writer, k: LoopKernel, depth: int, stage: Stage) -> None:
+    """A float max/min that came out zero is recomputed with numpy's sequential rule (ties take the
+    later element), so -0.0 and +0.0 come out as numpy's; other results are order-independent."""
+    for r in stage.reductions:
+        if not is_float_extremum(r):
+            continue
+        w.line(depth, f"if {r.acc}_ == 0:")
+        w.line(depth + 1, f"{r.acc}_ = {identity_literal(r)}")
+        inner = depth + 1
+        for a in k.reduce_axes:
+            inner = w.loop(inner, a, f"n{a}")
+        _emit_body(w, k, inner, _slice(stage.body, r.src))
+        _emit_accumulate(w, inner, r, f"{r.acc}_", r.src, exact=True)
+
+
+def _emit_stage_rows(w: _Writer, k: LoopKernel, depth: int, stage: Stage, carries: list[carry.Carry]) -> None:
     """A stage for one kept point: accumulators, loops over the reduced axes, final casts."""
     for r in stage.reductions:
         w.line(depth, f"{r.acc}_ = {identity_literal(r)}")
-    _emit_pass(w, k, depth, stage, [f"for i{a} in range(n{a}):" for a in k.reduce_axes])
+    _emit_pass(w, k, depth, stage, [(a, "0", f"n{a}") for a in k.reduce_axes], carries)
+    _emit_zero_rescan(w, k, depth, stage)
     for r in stage.reductions:
         w.line(depth, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
 
+def _emit_block_scratch(w: _Writer, depth: int, stages: list[Stage]) -> None:
+    for stage in stages:
+        for r in stage.reductions:
+            if is_blocked(r):
+                w.line(depth, f"{r.acc}_s = np.empty({BLOCK}, np.float32)")
+
+
 def _emit_stage_chunked(w: _Writer, k: LoopKernel, stage: Stage, parallel: bool) -> None:
     """A stage of a full reduction: parallel chunks of the first reduced axis, then a serial combine.
-    The serial variant uses one chunk: LLVM vectorises that plain loop far better than a chunk nest."""
+    The serial variant uses one chunk: LLVM vectorises that plain loop far better than a chunk nest.
+    Chunks of a blocked axis start at multiples of BLOCK, so both variants sum the same blocks."""
     first, rest = k.reduce_axes[0], k.reduce_axes[1:]
-    w.line(1, f"nc = max(1, min(n{first}, {CHUNKS}))" if parallel else "nc = 1")
+    grain = BLOCK if not rest and any(is_blocked(r) for r in stage.reductions) else 1
+    w.line(1, f"nb = (n{first} + {grain - 1}) // {grain}" if grain > 1 else f"nb = n{first}")
+    w.line(1, f"nc = max(1, min(nb, {CHUNKS}))" if parallel else "nc = 1")
     for r in stage.reductions:
         w.line(1, f"{r.acc}_p = np.empty(nc, {numba_type(accumulator_dtype(r))})")
     w.line(1, "for ch in prange(nc):")
+    _emit_block_scratch(w, 2, [stage])
     for r in stage.reductions:
         w.line(2, f"{r.acc}_ = {identity_literal(r)}")
-    loops = [f"for i{first} in range(ch * n{first} // nc, (ch + 1) * n{first} // nc):"]
-    _emit_pass(w, k, 2, stage, loops + [f"for i{a} in range(n{a}):" for a in rest])
+    if grain > 1:
+        w.line(2, f"lo = ch * nb // nc * {grain}")
+        w.line(2, f"hi = min((ch + 1) * nb // nc * {grain}, n{first})")
+    else:
+        w.line(2, "lo = ch * nb // nc")
+        w.line(2, "hi = (ch + 1) * nb // nc")
+    _emit_pass(w, k, 2, stage, [(first, "lo", "hi")] + [(a, "0", f"n{a}") for a in rest], [])
     for r in stage.reductions:
         w.line(2, f"{r.acc}_p[ch] = {r.acc}_")
     for r in stage.reductions:
         w.line(1, f"{r.acc}_ = {identity_literal(r)}")
         w.line(1, "for ch in range(nc):")
         _emit_accumulate(w, 2, r, f"{r.acc}_", f"{r.acc}_p[ch]")
+    _emit_zero_rescan(w, k, 1, stage)
+    for r in stage.reductions:
         w.line(1, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
 
@@ -135,21 +236,36 @@ def argument_names(k: LoopKernel) -> list[str]:
             + [f"c{i}" for i in range(len(k.scalars))] + [f"o{i}" for i in range(len(k.outputs))])
 
 
+def _emit_rows(w: _Writer, k: LoopKernel, parallel: bool) -> None:
+    """Kernels with kept axes: a parallel loop over the first kept axis; when passes need scratch
+    (block sums, carried values), over chunks of it, each chunk allocating its scratch once."""
+    stages, carries = carry.plan(k)
+    kept = k.kept_axes
+    scratch = carries or any(is_blocked(r) for st in stages for r in st.reductions)
+    if scratch and k.reduce_axes:
+        w.line(1, f"nc = max(1, min(n{kept[0]}, {CHUNKS}))" if parallel else "nc = 1")
+        w.line(1, "for ch in prange(nc):")
+        _emit_block_scratch(w, 2, stages)
+        extents = ", ".join(f"n{a}" for a in k.reduce_axes)
+        for c in carries:
+            w.line(2, f"{c.array} = np.empty(({extents},), {numba_type(c.dtype)})")
+        depth = w.loop(2, kept[0], f"ch * n{kept[0]} // nc, (ch + 1) * n{kept[0]} // nc")
+    else:
+        depth = w.loop(1, kept[0], f"n{kept[0]}", "prange")
+    for a in kept[1:]:
+        depth = w.loop(depth, a, f"n{a}")
+    for s, stage in enumerate(stages):
+        _emit_stage_rows(w, k, depth, stage, [c for c in carries if c.stage == s])
+    _emit_body(w, k, depth, k.epilogue)
+    _emit_stores(w, k, depth, k.epilogue_stores)
+
+
 def generate(k: LoopKernel, name: str, parallel: bool = True) -> str:
     """numba-ready source of a function `name` computing kernel `k` (outputs are preallocated args)."""
     w = _Writer()
     w.line(0, f"def {name}({', '.join(argument_names(k))}):")
-    kept = k.kept_axes
-    if kept:
-        w.line(1, f"for i{kept[0]} in prange(n{kept[0]}):")
-        depth = 2
-        for a in kept[1:]:
-            w.line(depth, f"for i{a} in range(n{a}):")
-            depth += 1
-        for stage in k.stages:
-            _emit_stage_rows(w, k, depth, stage)
-        _emit_body(w, k, depth, k.epilogue)
-        _emit_stores(w, k, depth, k.epilogue_stores)
+    if k.kept_axes:
+        _emit_rows(w, k, parallel)
     elif k.reduce_axes:
         for stage in k.stages:
             _emit_stage_chunked(w, k, stage, parallel)
@@ -157,7 +273,7 @@ def generate(k: LoopKernel, name: str, parallel: bool = True) -> str:
         _emit_stores(w, k, 1, k.epilogue_stores)
     else:
         for stage in k.stages:
-            _emit_stage_rows(w, k, 1, stage)
+            _emit_stage_rows(w, k, 1, stage, [])
         _emit_body(w, k, 1, k.epilogue)
         _emit_stores(w, k, 1, k.epilogue_stores)
     w.line(1, "return 0")

@@ -1,12 +1,86 @@
-"""Scalar helpers the generated kernels call, compiled with their own floating-point flags.
+"""Scalar helpers the generated kernels call to combine reductions in vectorisable form.
 
 `add_reassoc` carries LLVM's `reassoc` flag on its one addition: once LLVM inlines it into a
 kernel's loop, the loop vectoriser may reorder that sum (and only that sum) into SIMD lanes,
 while every other operation of the kernel keeps strict IEEE semantics.
+
+`maximum_propagating`/`minimum_propagating` are LLVM's `llvm.maximum`/`llvm.minimum`: NaN in
+either operand gives NaN (numpy's rule) and -0.0 orders below +0.0. LLVM vectorises reductions
+over them, which it cannot do for a compare-and-select that tests for NaN.
+
+`block_sum` sums a block of float32 values in a fixed order, fast and reproducible.
 """
-from numba import njit
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
 @njit(fastmath={"reassoc"}, error_model="numpy")
 def add_reassoc(acc, value):  # type: ignore[no-untyped-def]
     return acc + value
+
+
+def _float_intrinsic(name: str) -> Any:
+    """A numba intrinsic calling the LLVM intrinsic `name` on two floats of the same type."""
+    def typer(typingctx: Any, a: Any, b: Any) -> Any:
+        if not (isinstance(a, types.Float) and a == b):
+            return None
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            t = args[0].type
+            return builder.call(builder.module.declare_intrinsic(name, [t], ir.FunctionType(t, [t, t])), args)
+        return a(a, b), codegen
+    typer.__name__ = name.replace("llvm.", "") + "_propagating"
+    return intrinsic(typer)
+
+
+maximum_propagating = _float_intrinsic("llvm.maximum")
+minimum_propagating = _float_intrinsic("llvm.minimum")
+
+
+LANES = 64  # independent lane sums: eight 8-wide adds in flight, and a 6-level pairwise tree
+
+
+@intrinsic
+def _lane_sums(typingctx: Any, buf: Any, count: Any) -> Any:
+    """Sum of the float32 `buf[:LANES * count]`: lane k adds elements k, k + LANES, ... in order
+    (one <LANES x float> add per step), then lanes combine as a balanced tree of halves: lane k
+    adds lane k + LANES/2, then k + LANES/4, ... (vertical adds of whole registers, mostly)."""
+    if not (isinstance(buf, types.Array) and buf.dtype == types.float32 and buf.ndim == 1
+            and isinstance(count, types.Integer)):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        vector = ir.VectorType(ir.FloatType(), LANES)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        acc = cgutils.alloca_once_value(builder, ir.Constant(vector, [0.0] * LANES))
+        with cgutils.for_range(builder, args[1]) as loop:
+            start = builder.gep(data, [builder.mul(loop.index, ir.Constant(loop.index.type, LANES))])
+            terms = builder.load(builder.bitcast(start, vector.as_pointer()), align=4)
+            builder.store(builder.fadd(builder.load(acc), terms), acc)
+        total = builder.load(acc)
+        width = LANES
+        while width > 1:
+            width //= 2
+            halves = [ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(first, first + width)))
+                      for first in (0, width)]
+            total = builder.fadd(builder.shuffle_vector(total, total, halves[0]),
+                                 builder.shuffle_vector(total, total, halves[1]))
+        return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+    return types.float32(buf, count), codegen
+
+
+@njit(error_model="numpy")
+def block_sum(buf, m):  # type: ignore[no-untyped-def]
+    """Sum of the float32 `buf[:m]` in one fixed order: zeros pad `buf` to a multiple of LANES
+    (`buf` must have room), LANES interleaved lane sums, combined pairwise. Strict IEEE arithmetic
+    (explicit vector adds, nothing reordered), so every kernel summing the same values gets the
+    same bits; each lane adds few terms, so the error is that of a pairwise sum."""
+    steps = (m + LANES - 1) // LANES
+    for j in range(m, steps * LANES):
+        buf[np.uint64(j)] = np.float32(0)
+    return _lane_sums(buf, steps)

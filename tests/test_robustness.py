@@ -215,16 +215,17 @@ def test_index_arithmetic_is_64_bit() -> None:
     tile [0, n) without overflow for n = 2**40 (they would overflow only past 2**57 elements)."""
     kernel = _full_reduction_kernel()
     source = cpu.module_source(kernel)
-    bounds = re.search(r"for i0 in range\((ch \* n0 // nc), (\(ch \+ 1\) \* n0 // nc)\):", source)
-    assert bounds, source
-    nc_rule = re.search(r"nc = (max\(1, min\(n0, \d+\)\))", source).group(1)
+    parallel = source.split("def serial_kernel")[0]
+    rules = {name: re.search(rf"^ +{name} = (.+)$", parallel, re.M).group(1) for name in ("nb", "nc", "lo", "hi")}
+    assert re.search(r"for i0 in range\(lo, hi\):", parallel), parallel
 
     def chunks(n: int) -> list[tuple[int, int]]:
         scope = {"n0": np.int64(n), "max": max, "min": min}
-        nc = eval(nc_rule, scope)
         with np.errstate(over="raise"):
-            return [(int(eval(bounds.group(1), dict(scope, ch=np.int64(c), nc=nc))),
-                     int(eval(bounds.group(2), dict(scope, ch=np.int64(c), nc=nc)))) for c in range(int(nc))]
+            scope["nb"] = eval(rules["nb"], scope)
+            scope["nc"] = eval(rules["nc"], scope)
+            return [(int(eval(rules["lo"], dict(scope, ch=np.int64(c)))),
+                     int(eval(rules["hi"], dict(scope, ch=np.int64(c))))) for c in range(int(scope["nc"]))]
 
     n = 2 ** 40
     spans = chunks(n)

@@ -1,0 +1,116 @@
+"""What the CPU lowering does for speed keeps numbers right: block sums, vectorised max/min, carried values."""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import jitgrad as jg
+from jitgrad import fusion, passes
+from jitgrad.kernels import cpu
+from jitgrad.kernels.reductions import LANES, block_sum
+
+
+def _block_sum_reference(values: np.ndarray) -> np.float32:
+    """block_sum's order written out: lane k adds elements k, k + LANES, ...; lanes fold in halves."""
+    lanes = [np.float32(0)] * LANES
+    for j, v in enumerate(values):
+        lanes[j % LANES] = np.float32(lanes[j % LANES] + v)
+    while len(lanes) > 1:
+        half = len(lanes) // 2
+        lanes = [np.float32(lanes[i] + lanes[i + half]) for i in range(half)]
+    return lanes[0]
+
+
+@pytest.mark.parametrize("m", [0, 1, 15, 63, 64, 65, 200, cpu.BLOCK])
+def test_block_sum_has_one_fixed_order(m) -> None:
+    rng = np.random.default_rng(m)
+    values = (rng.standard_normal(cpu.BLOCK) * 10.0 ** rng.uniform(-4, 4, cpu.BLOCK)).astype(np.float32)
+    got = block_sum(values.copy(), m)
+    assert got == _block_sum_reference(values[:m])
+    assert abs(float(got) - values[:m].astype(np.float64).sum()) <= 1e-6 * np.abs(values[:m]).sum()
+
+
+def test_block_sum_special_values() -> None:
+    buf = np.zeros(cpu.BLOCK, np.float32)
+    buf[:3] = [1.0, np.inf, 2.0]
+    assert block_sum(buf.copy(), 3) == np.inf
+    buf[5] = -np.inf
+    assert np.isnan(block_sum(buf.copy(), 6))
+    buf[:] = 1.0
+    buf[100] = np.nan
+    assert np.isnan(block_sum(buf.copy(), cpu.BLOCK))
+    assert cpu.BLOCK % LANES == 0  # a full block needs no padding beyond the buffer
+
+
+@pytest.mark.parametrize("n", [1_000, 300_001])
+def test_float32_sums_agree_across_kernels_and_variants(n) -> None:
+    """The call, value-and-grad and both kernel variants sum the same terms in the same order."""
+    rng = np.random.default_rng(n)
+    w, x, b = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+
+    def loss(w, x, b):
+        return np.sum(jg.sigmoid(w * x + b) * np.exp(-x * x) + np.tanh(x) * w)
+
+    f = jg.trace(loss)
+    values = {float(f(w, x, b)) for _ in range(4)} | {float(f.value_and_grad(w, x, b)[0]) for _ in range(4)}
+    assert len(values) == 1
+    exact = np.sum(1 / (1 + np.exp(-(w.astype(np.float64) * x + b))) * np.exp(-x.astype(np.float64) ** 2)
+                   + np.tanh(x.astype(np.float64)) * w)
+    assert abs(values.pop() - exact) <= 2e-7 * abs(exact) + 1e-6
+
+
+@pytest.mark.parametrize("reduce", [np.max, np.min])
+@pytest.mark.parametrize("shape,axis", [((37, 1000), 1), ((200_000,), None), ((3, 5), 1)])
+def test_max_and_min_match_numpy_with_nan_and_signed_zeros(reduce, shape, axis) -> None:
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    f = jg.trace(lambda a: reduce(a, axis=axis))
+    np.testing.assert_array_equal(f(x), reduce(x, axis=axis))
+    x.reshape(-1)[rng.integers(0, x.size, 3)] = np.nan
+    np.testing.assert_array_equal(f(x), reduce(x, axis=axis))
+    zeros = np.where(rng.random(shape) < 0.5, np.float32(0.0), np.float32(-0.0)).astype(np.float32)
+    got, want = f(zeros), reduce(zeros, axis=axis)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def _kernel_source(fn, *args) -> str:
+    (kernel,) = fusion.schedule(passes.optimize(jg.trace(fn).plan(*args).graph)).kernels
+    return cpu.generate(kernel, "kernel", parallel=False)
+
+
+def test_loads_use_unsigned_indices_so_loops_vectorise() -> None:
+    """numba wraps signed negative indices; unsigned copies of the loop variables keep loads contiguous."""
+    source = _kernel_source(lambda a, b: np.sum(np.exp(a) * b), np.ones(10, np.float32), np.ones(10, np.float32))
+    loads = re.findall(r"= a\d\[([^\]]*)\]", source)
+    assert loads and all(index.startswith("u") for index in loads)
+
+
+def test_cross_entropy_gradient_reuses_the_exp_of_the_forward_pass() -> None:
+    logits = np.random.default_rng(0).standard_normal((8, 50)).astype(np.float32)
+    labels = np.arange(8) % 50
+
+    def cross_entropy(z, y):
+        return np.mean(jg.logsumexp(z, 1) - z[np.arange(z.shape[0]), y])
+
+    f = jg.trace(cross_entropy)
+    text = f.explain(logits, labels).split("# value_and_grad kernel 0 source")[1]
+    kernel = text.split("# value_and_grad kernel 1 source")[0].split("# saved")[0]
+    assert kernel.count("vexp(") == 1  # computed once, carried to the gradient pass through scratch
+    assert re.search(r"s0\[u1\] = t\d+", kernel) and re.search(r"t\d+ = s0\[u1\]", kernel)
+
+    t = torch.tensor(logits, requires_grad=True)
+    ref = torch.nn.functional.cross_entropy(t, torch.tensor(labels))
+    ref.backward()
+    value, grad = f.value_and_grad(logits, labels, argnums=0)
+    np.testing.assert_allclose(value, ref.item(), rtol=1e-6)
+    np.testing.assert_allclose(grad, t.grad.numpy(), rtol=1e-5, atol=1e-8)
+
+
+def test_softmax_computes_exp_once_per_element() -> None:
+    x = np.random.default_rng(1).standard_normal((64, 300)).astype(np.float32)
+    source = _kernel_source(lambda a: jg.softmax(a, axis=1), x)
+    assert source.count("vexp(") == 1
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    np.testing.assert_allclose(jg.trace(lambda a: jg.softmax(a, axis=1))(x), e / e.sum(1, keepdims=True), rtol=2e-6)
