@@ -65,22 +65,36 @@ class OutputBuffers:
 
 
 class VariantChooser:
-    """Picks the serial or parallel kernel for a large domain by timing both on the first calls.
+    """Picks the serial or parallel kernel for a large domain by timing both, on the first calls and
+    again every RECHECK_EVERY calls.
 
     On an idle machine the parallel kernel wins; when other processes occupy the cores, waking
-    worker threads can cost more than the work, and the serial kernel wins. Small domains always
-    run serially.
+    worker threads can cost more than the work, and the serial kernel wins. The load changes, so
+    the choice is re-timed now and then (two calls of each variant, about 2% of calls). Small
+    domains always run serially.
     """
 
-    TRIALS = 3  # timed calls of each variant before choosing
+    TRIALS = 3  # timed calls of each variant before the first choice
+    RECHECK_TRIALS = 2  # timed calls of each variant at a re-check
+    RECHECK_EVERY = 100  # calls between re-checks
 
     def __init__(self, size: int):
-        self.choice = "serial_kernel" if size < cpu.PARALLEL_MIN_SIZE else None
+        self.fixed = size < cpu.PARALLEL_MIN_SIZE
+        self.choice: str | None = "serial_kernel" if self.fixed else None
+        self.trials = self.TRIALS
         self.timings: dict[str, list[float]] = {"parallel_kernel": [], "serial_kernel": []}
+        self.calls_since_choice = 0
 
     def next(self) -> str:
+        """The variant to run now; while `choice` is None the caller times it and calls `record`."""
         if self.choice is not None:
-            return self.choice
+            if self.fixed:
+                return self.choice
+            self.calls_since_choice += 1
+            if self.calls_since_choice <= self.RECHECK_EVERY:
+                return self.choice
+            self.choice, self.trials = None, self.RECHECK_TRIALS
+            self.timings = {"parallel_kernel": [], "serial_kernel": []}
         par, ser = self.timings["parallel_kernel"], self.timings["serial_kernel"]
         return "parallel_kernel" if len(par) <= len(ser) else "serial_kernel"
 
@@ -88,8 +102,9 @@ class VariantChooser:
         if self.choice is not None:
             return
         self.timings[variant].append(seconds)
-        if all(len(t) >= self.TRIALS for t in self.timings.values()):
-            self.choice = min(self.timings, key=lambda v: sorted(self.timings[v])[self.TRIALS // 2])
+        if all(len(t) >= self.trials for t in self.timings.values()):
+            self.choice = min(self.timings, key=lambda v: sorted(self.timings[v])[self.trials // 2])
+            self.calls_since_choice = 0
 
 
 @dataclass

@@ -108,6 +108,31 @@ def test_variant_chooser_times_both_variants_then_keeps_the_faster() -> None:
     assert seen.count("parallel_kernel") == seen.count("serial_kernel") == 3
 
 
+def _time_until_chosen(chooser, seconds: dict[str, float]) -> list[str]:
+    timed = []
+    while chooser.choice is None:
+        variant = chooser.next()
+        timed.append(variant)
+        chooser.record(variant, seconds[variant])
+    return timed
+
+
+def test_variant_chooser_re_times_both_variants_when_the_load_changes() -> None:
+    from jitgrad.runtime import VariantChooser
+
+    chooser = VariantChooser(1 << 30)
+    _time_until_chosen(chooser, {"parallel_kernel": 0.5, "serial_kernel": 0.1})  # a busy machine
+    assert chooser.choice == "serial_kernel"
+    every = VariantChooser.RECHECK_EVERY
+    assert [chooser.next() for _ in range(every)] == ["serial_kernel"] * every
+    first = chooser.next()  # the re-check starts
+    assert chooser.choice is None
+    chooser.record(first, 0.05 if first == "parallel_kernel" else 0.1)
+    timed = [first] + _time_until_chosen(chooser, {"parallel_kernel": 0.05, "serial_kernel": 0.1})  # quiet now
+    assert timed.count("parallel_kernel") == timed.count("serial_kernel") == VariantChooser.RECHECK_TRIALS
+    assert chooser.choice == "parallel_kernel"
+
+
 def test_serial_and_parallel_variants_give_identical_numbers() -> None:
     f = jg.trace(loss)
     w, x, b = _wxb(300_000)
