@@ -142,8 +142,10 @@ def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[
                carries: list[carry.Carry]) -> None:
     """One pass over the reduced axes (`loops`: axis, start, stop, outermost first): loads, math,
     accumulation, stores, and the values later passes reuse. With float32 sums the innermost loop
-    runs in blocks of BLOCK: each block's terms go to scratch `<acc>_s`, summed by `block_sum`."""
+    runs in blocks of BLOCK: each block's terms go to scratch `<acc>_s` (or are already in a carried
+    value's scratch row), summed by `block_sum`."""
     blocked = [r for r in stage.reductions if is_blocked(r)] if loops else []
+    carried = {r.acc: c for r in blocked for c in carries if _sums_carried(r, c)}
     for axis, start, stop in (loops[:-1] if blocked else loops):
         depth = w.loop(depth, axis, f"{start}, {stop}")
     inner = depth
@@ -154,6 +156,8 @@ def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[
         inner = w.loop(depth + 1, axis, f"b{axis}, b{axis} + m{axis}")
     _emit_body(w, k, inner, stage.body)
     for r in stage.reductions:
+        if r.acc in carried:
+            continue
         if r in blocked:
             w.line(inner, f"{r.acc}_s[np.uint64(i{loops[-1][0]} - b{loops[-1][0]})] = np.float32({r.src})")
         else:
@@ -162,9 +166,20 @@ def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[
     for c in carries:
         w.line(inner, f"{c.array}[{row_index(k)}] = {c.src}")
     for r in blocked:
-        w.line(depth + 1, f"{r.acc}_ += np.float64(block_sum({r.acc}_s, m{loops[-1][0]}))")
+        axis = loops[-1][0]
+        if r.acc in carried:
+            row = "".join(f"u{a}, " for a, _, _ in loops[:-1])
+            terms = f"{carried[r.acc].array}[{row}b{axis}:]"
+        else:
+            terms = f"{r.acc}_s"
+        w.line(depth + 1, f"{r.acc}_ += np.float64(block_sum({terms}, m{axis}))")
     if not loops and not stage.body and not stage.stores:
         w.line(depth, "pass")
+
+
+def _sums_carried(r: Reduction, c: carry.Carry) -> bool:
+    """Does the blocked sum `r` add exactly the values carry `c` stores (so it can read them there)?"""
+    return c.src == r.src and c.dtype == np.float32
 
 
 def _emit_zero_rescan(w: _Writer, k: LoopKernel, depth: int, stage: Stage) -> None:
@@ -192,10 +207,11 @@ def _emit_stage_rows(w: _Writer, k: LoopKernel, depth: int, stage: Stage, carrie
         w.line(depth, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
 
-def _emit_block_scratch(w: _Writer, depth: int, stages: list[Stage]) -> None:
-    for stage in stages:
+def _emit_block_scratch(w: _Writer, depth: int, stages: list[Stage], carries: list[carry.Carry]) -> None:
+    """Per-chunk scratch of the blocked sums that do not read their terms from a carried value."""
+    for s, stage in enumerate(stages):
         for r in stage.reductions:
-            if is_blocked(r):
+            if is_blocked(r) and not any(_sums_carried(r, c) for c in carries if c.stage == s):
                 w.line(depth, f"{r.acc}_s = np.empty({BLOCK}, np.float32)")
 
 
@@ -210,7 +226,7 @@ def _emit_stage_chunked(w: _Writer, k: LoopKernel, stage: Stage, parallel: bool)
     for r in stage.reductions:
         w.line(1, f"{r.acc}_p = np.empty(nc, {numba_type(accumulator_dtype(r))})")
     w.line(1, "for ch in prange(nc):")
-    _emit_block_scratch(w, 2, [stage])
+    _emit_block_scratch(w, 2, [stage], [])
     for r in stage.reductions:
         w.line(2, f"{r.acc}_ = {identity_literal(r)}")
     if grain > 1:
@@ -245,7 +261,7 @@ def _emit_rows(w: _Writer, k: LoopKernel, parallel: bool) -> None:
     if scratch and k.reduce_axes:
         w.line(1, f"nc = max(1, min(n{kept[0]}, {CHUNKS}))" if parallel else "nc = 1")
         w.line(1, "for ch in prange(nc):")
-        _emit_block_scratch(w, 2, stages)
+        _emit_block_scratch(w, 2, stages, carries)
         extents = ", ".join(f"n{a}" for a in k.reduce_axes)
         for c in carries:
             w.line(2, f"{c.array} = np.empty(({extents},), {numba_type(c.dtype)})")

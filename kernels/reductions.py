@@ -46,22 +46,37 @@ LANES = 64  # independent lane sums: eight 8-wide adds in flight, and a 6-level 
 
 
 @intrinsic
-def _lane_sums(typingctx: Any, buf: Any, count: Any) -> Any:
-    """Sum of the float32 `buf[:LANES * count]`: lane k adds elements k, k + LANES, ... in order
-    (one <LANES x float> add per step), then lanes combine as a balanced tree of halves: lane k
-    adds lane k + LANES/2, then k + LANES/4, ... (vertical adds of whole registers, mostly)."""
+def _lane_sums(typingctx: Any, buf: Any, m: Any) -> Any:
+    """Sum of the float32 `buf[:m]`: lane k adds elements k, k + LANES, ... in order (one
+    <LANES x float> add per step; the last, partial step reads the remaining elements into a zeroed
+    vector, so nothing past `buf[m - 1]` is touched), then lanes combine as a balanced tree of
+    halves: lane k adds lane k + LANES/2, then k + LANES/4, ... (vertical adds of whole registers)."""
     if not (isinstance(buf, types.Array) and buf.dtype == types.float32 and buf.ndim == 1
-            and isinstance(count, types.Integer)):
+            and isinstance(m, types.Integer)):
         return None
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         vector = ir.VectorType(ir.FloatType(), LANES)
+        zeros = ir.Constant(vector, [0.0] * LANES)
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        acc = cgutils.alloca_once_value(builder, ir.Constant(vector, [0.0] * LANES))
-        with cgutils.for_range(builder, args[1]) as loop:
-            start = builder.gep(data, [builder.mul(loop.index, ir.Constant(loop.index.type, LANES))])
+        count = args[1]
+        lanes = ir.Constant(count.type, LANES)
+        steps = builder.udiv(count, lanes)
+        acc = cgutils.alloca_once_value(builder, zeros)
+        with cgutils.for_range(builder, steps) as loop:
+            start = builder.gep(data, [builder.mul(loop.index, lanes)])
             terms = builder.load(builder.bitcast(start, vector.as_pointer()), align=4)
             builder.store(builder.fadd(builder.load(acc), terms), acc)
+        done = builder.mul(steps, lanes)
+        rest = builder.sub(count, done)
+        partial = cgutils.alloca_once(builder, vector)
+        with builder.if_then(builder.icmp_unsigned(">", rest, ir.Constant(count.type, 0))):
+            builder.store(zeros, partial)
+            elements = builder.bitcast(partial, data.type)
+            with cgutils.for_range(builder, rest) as tail:
+                builder.store(builder.load(builder.gep(data, [builder.add(done, tail.index)])),
+                              builder.gep(elements, [tail.index]))
+            builder.store(builder.fadd(builder.load(acc), builder.load(partial)), acc)
         total = builder.load(acc)
         width = LANES
         while width > 1:
@@ -71,16 +86,13 @@ def _lane_sums(typingctx: Any, buf: Any, count: Any) -> Any:
             total = builder.fadd(builder.shuffle_vector(total, total, halves[0]),
                                  builder.shuffle_vector(total, total, halves[1]))
         return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
-    return types.float32(buf, count), codegen
+    return types.float32(buf, m), codegen
 
 
 @njit(error_model="numpy")
 def block_sum(buf, m):  # type: ignore[no-untyped-def]
-    """Sum of the float32 `buf[:m]` in one fixed order: zeros pad `buf` to a multiple of LANES
-    (`buf` must have room), LANES interleaved lane sums, combined pairwise. Strict IEEE arithmetic
+    """Sum of the float32 `buf[:m]` in one fixed order: LANES interleaved lane sums (a missing
+    term counts as +0.0, which changes no lane), combined pairwise. Strict IEEE arithmetic
     (explicit vector adds, nothing reordered), so every kernel summing the same values gets the
     same bits; each lane adds few terms, so the error is that of a pairwise sum."""
-    steps = (m + LANES - 1) // LANES
-    for j in range(m, steps * LANES):
-        buf[np.uint64(j)] = np.float32(0)
-    return _lane_sums(buf, steps)
+    return _lane_sums(buf, np.int64(m))
