@@ -64,6 +64,9 @@ class OutputBuffers:
         return buf
 
 
+PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
+
+
 class VariantChooser:
     """Picks the serial or parallel kernel for a large domain by timing both, on the first calls and
     again every RECHECK_EVERY calls.
@@ -80,9 +83,9 @@ class VariantChooser:
 
     def __init__(self, size: int):
         self.fixed = size < cpu.PARALLEL_MIN_SIZE
-        self.choice: str | None = "serial_kernel" if self.fixed else None
+        self.choice: str | None = SERIAL if self.fixed else None
         self.trials = self.TRIALS
-        self.timings: dict[str, list[float]] = {"parallel_kernel": [], "serial_kernel": []}
+        self.timings: dict[str, list[float]] = {PARALLEL: [], SERIAL: []}
         self.calls_since_choice = 0
 
     def next(self) -> str:
@@ -94,9 +97,12 @@ class VariantChooser:
             if self.calls_since_choice <= self.RECHECK_EVERY:
                 return self.choice
             self.choice, self.trials = None, self.RECHECK_TRIALS
-            self.timings = {"parallel_kernel": [], "serial_kernel": []}
-        par, ser = self.timings["parallel_kernel"], self.timings["serial_kernel"]
-        return "parallel_kernel" if len(par) <= len(ser) else "serial_kernel"
+            self.timings = {PARALLEL: [], SERIAL: []}
+        return PARALLEL if len(self.timings[PARALLEL]) <= len(self.timings[SERIAL]) else SERIAL
+
+    def keep(self, variant: str) -> None:
+        """Use `variant` from now on, without timing (the other one cannot run)."""
+        self.fixed, self.choice = True, variant
 
     def record(self, variant: str, seconds: float) -> None:
         if self.choice is not None:
@@ -125,6 +131,14 @@ class _KernelCall:
         variant = self.chooser.next()
         if self.chooser.choice is not None:
             self.compiled.call(variant, args)
+        elif variant == PARALLEL and not self.compiled.ready(PARALLEL, args):
+            # Tiered start: the serial variant compiles faster and answers the first calls, while the
+            # parallel one compiles in the background; timing both starts once it is ready.
+            self.compiled.call(SERIAL, args)
+            if PARALLEL in self.compiled.failed:
+                self.chooser.keep(SERIAL)
+            else:
+                self.compiled.compile_in_background(PARALLEL, args)
         else:
             start = time.perf_counter()
             self.compiled.call(variant, args)
@@ -203,8 +217,7 @@ class Executable:
             e = step.eqn
             return _HostCall(e.prim.impl, dict(e.params), [self._slot(a) for a in e.inputs],
                              [self._slot(o) for o in e.outs])
-        compiled = compiler.load(cpu.module_source(step), {"parallel_kernel": {"parallel": True},
-                                                           "serial_kernel": {}})
+        compiled = compiler.load(cpu.module_source(step), {PARALLEL: {"parallel": True}, SERIAL: {}})
         size = int(np.prod(step.domain, dtype=np.int64))
         return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],
                            [self._slot(o) for o in step.outputs],

@@ -254,13 +254,23 @@ def _call_parallel(fn: Callable[..., Any], args: list[Any]) -> None:
 
 @dataclass
 class CompiledSource:
-    """The dispatchers of one generated module; each compiles (or loads) on first call with new argument types."""
+    """The dispatchers of one generated module; each compiles (or loads) on first call with new argument
+    types, or ahead of its first call in a background thread (`compile_in_background`)."""
 
     name: str
     source: str
     functions: dict[str, Callable[..., Any]]
     parallel: frozenset[str] = frozenset()
     _counted: dict[str, int] = field(default_factory=dict)
+    _background: dict[str, threading.Thread] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+
+    def _count_new_overloads(self, variant: str) -> None:
+        with _lock:
+            new = len(self.functions[variant].overloads) - self._counted.get(variant, 0)
+            if new > 0:
+                _STATS["numba_compiles"] += new
+                self._counted[variant] = len(self.functions[variant].overloads)
 
     def call(self, variant: str, args: list[Any]) -> None:
         fn = self.functions[variant]
@@ -270,11 +280,38 @@ class CompiledSource:
         else:
             fn(*args)
         if len(fn.overloads) != before:
-            with _lock:
-                new = len(fn.overloads) - self._counted.get(variant, 0)
-                if new > 0:
-                    _STATS["numba_compiles"] += new
-                    self._counted[variant] = len(fn.overloads)
+            self._count_new_overloads(variant)
+
+    def ready(self, variant: str, args: list[Any]) -> bool:
+        """Is `variant` compiled (or loaded) for these arguments' types?"""
+        return tuple(numba.typeof(a) for a in args) in self.functions[variant].overloads
+
+    def compile_in_background(self, variant: str, args: list[Any]) -> None:
+        """Compile `variant` for these arguments' types in a thread, once; calls meanwhile use another
+        variant. The thread is not a daemon: a process exiting during the compile waits for it (and
+        keeps the result in the disk cache). A failure marks the variant `failed` and is logged."""
+        signature = tuple(numba.typeof(a) for a in args)
+        with _lock:
+            if variant in self._background or variant in self.failed:
+                return
+
+            def compile_variant() -> None:
+                try:
+                    self.functions[variant].compile(signature)
+                except Exception:
+                    log.exception("background compile of %s.%s failed; the other variant stays in use",
+                                  self.name, variant)
+                    self.failed.add(variant)
+                self._count_new_overloads(variant)
+
+            thread = threading.Thread(target=compile_variant, name=f"jitgrad-compile-{variant}")
+            self._background[variant] = thread
+            thread.start()
+
+    def wait_for_background(self) -> None:
+        """Wait for the background compiles started so far."""
+        for thread in list(self._background.values()):
+            thread.join()
 
 
 def _module(name: str, source: str, path: str | None) -> types.ModuleType:
@@ -313,6 +350,14 @@ def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
         _modules[key] = compiled
         _STATS["kernels_loaded"] += 1
         return compiled
+
+
+def wait_for_background_compiles() -> None:
+    """Wait until every background compile started so far has finished."""
+    with _lock:
+        sources = list(_modules.values())
+    for source in sources:
+        source.wait_for_background()
 
 
 def stats() -> dict[str, int]:

@@ -76,7 +76,11 @@ import numba
 import numpy as np
 import jitgrad as jg
 
+from jitgrad.kernels import compiler
+
 f = jg.trace(lambda a: np.tanh(a) * 2.0 + a)
+f(np.ones(1 << 19, np.float32))
+compiler.wait_for_background_compiles()  # the threads below then time (and run) the parallel variant
 errors = []
 
 def work(k):
