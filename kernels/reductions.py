@@ -51,7 +51,7 @@ def _lane_sums(typingctx: Any, buf: Any, m: Any) -> Any:
     <LANES x float> add per step; the last, partial step reads the remaining elements into a zeroed
     vector, so nothing past `buf[m - 1]` is touched), then lanes combine as a balanced tree of
     halves: lane k adds lane k + LANES/2, then k + LANES/4, ... (vertical adds of whole registers)."""
-    if not (isinstance(buf, types.Array) and buf.dtype == types.float32 and buf.ndim == 1
+    if not (isinstance(buf, types.Array) and buf.dtype == types.float32 and buf.ndim == 1 and buf.layout == "C"
             and isinstance(m, types.Integer)):
         return None
 

@@ -114,3 +114,26 @@ def test_softmax_computes_exp_once_per_element() -> None:
     assert source.count("vexp(") == 1
     e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     np.testing.assert_allclose(jg.trace(lambda a: jg.softmax(a, axis=1))(x), e / e.sum(1, keepdims=True), rtol=2e-6)
+
+
+def test_blocked_sums_and_carries_over_two_reduced_axes() -> None:
+    """Rows of 40 x 300 (blocks of 256 along the last axis, then a tail), a carried exp, and a full
+    reduction over two axes: against torch in float64."""
+    x = np.random.default_rng(2).standard_normal((3, 40, 300)).astype(np.float32)
+
+    def lse(a):
+        return np.sum(jg.logsumexp(a, axis=(1, 2)) * np.array([1.0, 2.0, 3.0], np.float32))
+
+    f = jg.trace(lse)
+    value, (grad,) = f.value_and_grad(x)
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    ref = (torch.logsumexp(t, dim=(1, 2)) * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).sum()
+    ref.backward()
+    np.testing.assert_allclose(value, ref.item(), rtol=1e-6)
+    np.testing.assert_allclose(grad, t.grad.numpy(), rtol=2e-6, atol=1e-12)
+    soft = jg.trace(lambda a: jg.softmax(a, axis=(1, 2)))(x)
+    np.testing.assert_allclose(soft, torch.softmax(t.detach().reshape(3, -1), 1).reshape(3, 40, 300).numpy(),
+                               rtol=2e-6, atol=1e-12)
+    total = jg.trace(lambda a: np.sum(a * a, axis=(0, 2)))(x)
+    np.testing.assert_allclose(total, (x.astype(np.float64) ** 2).sum(axis=(0, 2)), rtol=1e-6)
+    assert float(jg.trace(lambda a: np.sum(a))(x)) == pytest.approx(x.astype(np.float64).sum(), rel=1e-6, abs=1e-3)
