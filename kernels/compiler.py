@@ -360,6 +360,12 @@ def wait_for_background_compiles() -> None:
         source.wait_for_background()
 
 
+if hasattr(os, "register_at_fork"):
+    # A child forked while a background compile holds numba's compiler lock would inherit the lock
+    # held by a thread that does not exist there, and hang at its first compile.
+    os.register_at_fork(before=wait_for_background_compiles)
+
+
 def stats() -> dict[str, int]:
     """Process-wide counters: kernel sources loaded, new dispatcher signatures (`numba_compiles`,
     compiled or read from disk), machine code `builds`, and disk cache hits and writes."""

@@ -105,3 +105,38 @@ def test_parallel_kernels_from_many_threads_under_the_workqueue_layer(tmp_path) 
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["workqueue", "0"]
+
+
+FORK_CHILD = r"""
+import multiprocessing as mp
+import numpy as np
+import jitgrad as jg
+
+def work(queue):
+    # A kernel the parent never compiled: the child needs numba's compiler lock. Small inputs keep the
+    # child serial (GNU OpenMP, numba's default layer, refuses parallel work in a forked child).
+    g = jg.trace(lambda w, x: np.sum(np.exp(w * x) * np.sinh(x)))
+    w, x = np.full(1000, 0.5, np.float32), np.full(1000, 0.25, np.float32)
+    queue.put(float(g.value_and_grad(w, x)[0]))
+
+if __name__ == "__main__":
+    f = jg.trace(lambda w, x: np.sum(np.tanh(w * x) + x))
+    f.value_and_grad(np.ones(300_000, np.float32), np.ones(300_000, np.float32))  # a compile starts behind
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=work, args=(queue,))
+    child.start()
+    print(queue.get(timeout=120))
+    child.join(timeout=120)
+"""
+
+
+def test_fork_right_after_a_first_call_does_not_hang(tmp_path) -> None:
+    """A fork waits for the background compile, so the child never inherits numba's lock held."""
+    script = tmp_path / "fork_child.py"
+    script.write_text(FORK_CHILD)
+    env = dict(os.environ, JITGRAD_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    expected = np.exp(np.float64(0.125)) * np.sinh(np.float64(0.25)) * 1000
+    assert abs(float(proc.stdout.strip().splitlines()[-1]) / expected - 1) < 1e-5
