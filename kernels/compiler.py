@@ -262,7 +262,7 @@ class CompiledSource:
     functions: dict[str, Callable[..., Any]]
     parallel: frozenset[str] = frozenset()
     _counted: dict[str, int] = field(default_factory=dict)
-    _background: dict[str, threading.Thread] = field(default_factory=dict)
+    _background: dict[tuple, threading.Thread] = field(default_factory=dict)  # by (variant, signature)
     failed: set[str] = field(default_factory=set)
 
     def _count_new_overloads(self, variant: str) -> None:
@@ -287,12 +287,13 @@ class CompiledSource:
         return tuple(numba.typeof(a) for a in args) in self.functions[variant].overloads
 
     def compile_in_background(self, variant: str, args: list[Any]) -> None:
-        """Compile `variant` for these arguments' types in a thread, once; calls meanwhile use another
-        variant. The thread is not a daemon: a process exiting during the compile waits for it (and
-        keeps the result in the disk cache). A failure marks the variant `failed` and is logged."""
+        """Compile `variant` for these arguments' types in a thread, once per signature; calls meanwhile
+        use another variant. The thread is not a daemon: a process exiting during the compile waits
+        for it (and keeps the result in the disk cache). A failure marks the variant `failed` and is
+        logged."""
         signature = tuple(numba.typeof(a) for a in args)
         with _lock:
-            if variant in self._background or variant in self.failed:
+            if (variant, signature) in self._background or variant in self.failed:
                 return
 
             def compile_variant() -> None:
@@ -305,7 +306,7 @@ class CompiledSource:
                 self._count_new_overloads(variant)
 
             thread = threading.Thread(target=compile_variant, name=f"jitgrad-compile-{variant}")
-            self._background[variant] = thread
+            self._background[(variant, signature)] = thread
             thread.start()
 
     def wait_for_background(self) -> None:

@@ -8,10 +8,12 @@ float32 math). No fast-math: numbers match numpy's.
 
 What lets LLVM vectorise the loops: arrays are indexed with unsigned copies of the loop variables
 (numba wraps negative signed indices with a select, which turns contiguous loads into gathers);
-float32 sums add blocks of `BLOCK` terms in float32 lanes and fold each block into a float64
-total (a float64 accumulator would halve the vector width of the whole loop); float max/min
+float32 sums store blocks of `BLOCK` terms that `block_sum` adds in float32 lanes in one fixed
+order, and fold each block into a float64 total (a float64 accumulator would halve the vector width
+of the whole loop; a reassociated float32 one would make the bits depend on the kernel); float max/min
 reductions use LLVM's NaN-propagating `maximum`/`minimum`, and a row whose extremum is zero is
-rescanned with numpy's sequential rule so that the sign of the zero matches numpy's.
+rescanned with numpy's sequential rule so that the sign of the zero matches numpy's. Values a
+later pass would recompute are carried through per-row scratch (`jitgrad.kernels.carry`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from jitgrad.kernels import carry
 
 PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
 CHUNKS = 64  # parallel chunks of a full reduction
-BLOCK = 256  # terms a float32 sum adds in float32 (16 lanes of 16) before folding them into float64
+BLOCK = 256  # terms a float32 sum adds in float32 (`block_sum`: 64 lanes of 4) before folding into float64
 
 HEADER = ("import math\n\nimport numpy as np\nfrom numba import prange\n"
           "from jitgrad.kernels.reductions import add_reassoc, block_sum, maximum_propagating, minimum_propagating\n"

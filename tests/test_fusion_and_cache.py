@@ -176,3 +176,20 @@ def test_scalar_loss_is_written_by_the_kernel_without_a_host_reshape() -> None:
     call_section = text.split("# call:")[1].split("# call kernel")[0]
     assert "host reshape" not in call_section
     assert "writes ['float32[]']" in call_section
+
+
+def test_a_second_layout_of_the_same_kernel_gets_its_own_parallel_compile() -> None:
+    """Two functions with the same body share one kernel source; called on contiguous and on
+    Fortran-ordered inputs (another numba signature), each compiles its parallel variant in the
+    background and times it against its serial variant."""
+    base = np.random.default_rng(3).random((600, 400)).astype(np.float32)
+    for x in (base, base.T.copy().T):
+        f = jg.trace(lambda a: np.sum(np.cos(a) * np.arcsinh(a) * 2, axis=1))
+        expected = np.sum(np.cos(x.astype(np.float64)) * np.arcsinh(x.astype(np.float64)) * 2, axis=1)
+        f(x)
+        compiler.wait_for_background_compiles()
+        for _ in range(8):
+            np.testing.assert_allclose(f(x), expected, rtol=1e-5)
+        (exe,) = [v for k, v in f.plan(x).executables.items() if k == "call"]
+        (call,) = [c for c in exe.calls if hasattr(c, "chooser")]
+        assert call.chooser.choice is not None and len(call.chooser.timings["parallel_kernel"]) == 3
