@@ -1,4 +1,4 @@
-"""Scalar helpers the generated kernels call to combine reductions in vectorisable form.
+"""Helpers the generated kernels call to combine reductions in vectorisable form.
 
 `add_reassoc` carries LLVM's `reassoc` flag on its one addition: once LLVM inlines it into a
 kernel's loop, the loop vectoriser may reorder that sum (and only that sum) into SIMD lanes,
