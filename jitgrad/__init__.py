@@ -14,7 +14,7 @@ import os as _os
 # kernel call by milliseconds. Passive waiting must be chosen before the OpenMP runtime starts.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .api import Context, Traced, grad, trace, value_and_grad, vjp  # noqa: E402
+from .api import Context, Traced, clear_caches, grad, trace, value_and_grad, vjp  # noqa: E402
 from .errors import (ConcretizationError, FunctionError, GradcheckError, InputError, JitgradError,  # noqa: E402
                      ShapeError, TraceError, UnsupportedError)
 from .ops import (absolute, add, arccos, arcsin, arcsinh, arctan, arctan2, arctanh, argmax, argmin,  # noqa: E402
@@ -22,7 +22,7 @@ from .ops import (absolute, add, arccos, arcsin, arcsinh, arctan, arctan2, arcta
                   equal, erf, exp, expand_dims, expm1, flip, floor, full_like, gelu, greater, greater_equal,
                   hstack, inner, isfinite, isnan, less, less_equal, log, log1p, log_softmax, logical_and,
                   logical_not, logical_or, logsumexp, matmul, max, maximum, mean, min, minimum, moveaxis,
-                  multiply, negative, norm, not_equal, ones_like, outer, pad, power, prod, ravel, reciprocal,
+                  multiply, negative, norm, not_equal, one_hot, ones_like, outer, pad, power, prod, ravel, reciprocal,
                   relu, repeat, reshape, rint, round, sigmoid, sign, sin, sinh, softmax, softplus, split,
                   sqrt, square, squeeze, stack, std, stop_gradient, subtract, sum, swapaxes, take,
                   take_along_axis, tan, tanh, tensordot, tile, transpose, var, vstack, where, zeros_like)
@@ -35,9 +35,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    """`jg.torch` (PyTorch interop) is imported on first use: importing jitgrad never imports torch."""
+    """`jg.torch` (PyTorch interop) and `jg.distributed` (Dask) are imported on first use: importing jitgrad never
+    imports torch or Dask."""
     if name == "torch":
         from . import torch_interop
         globals()["torch"] = torch_interop
         return torch_interop
+    if name == "distributed":  # a submodule of the attribute's own name: `from . import` would recurse here
+        import importlib
+        return importlib.import_module(f"{__name__}.distributed")
     raise AttributeError(f"module 'jitgrad' has no attribute {name!r}")

@@ -11,23 +11,55 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import os
 import sys
 import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import fusion, passes
+from . import buffers, fusion, passes
 from .autodiff import inline_graph, joint_vjp_graph, split_forward_backward, with_unit_cotangent
 from .errors import InputError, UnsupportedError
 from .explain import Explanation, ir_text, render
 from .ir import Aval, Graph
 from .kernels import compiler
 from .runtime import Executable
-from .tracing import SUPPORTED_DTYPES, Tracer, current_builder, trace_to_graph, unflatten_output
+from .captures import Captures
+from .tracing import SUPPORTED_DTYPES, Tracer, current_builder, reading_captured, trace_to_graph, unflatten_output
 
 _WEAK_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64)}
+DEFAULT_MAX_PLANS = 16
+log = logging.getLogger("jitgrad.api")
+_traced_functions: "weakref.WeakSet[Traced]" = weakref.WeakSet()
+
+
+def max_plans() -> int:
+    """Plans one traced function keeps: `JITGRAD_MAX_PLANS` (default 16; torch.compile keeps 8 recompiles
+    per function). The least recently used plan goes first."""
+    text = os.environ.get("JITGRAD_MAX_PLANS")
+    if text is None:
+        return DEFAULT_MAX_PLANS
+    try:
+        value = int(text)
+        if value < 1:
+            raise ValueError(text)
+    except ValueError:
+        log.warning("JITGRAD_MAX_PLANS=%r is not an int >= 1; using %d", text, DEFAULT_MAX_PLANS)
+        return DEFAULT_MAX_PLANS
+    return value
+
+
+def clear_caches() -> None:
+    """Drop every traced function's plans and every pooled output buffer (compiled kernels stay loaded,
+    and the disk cache is untouched): memory back after, say, many shapes of a function."""
+    for traced in list(_traced_functions):
+        traced.clear_cache()
+    buffers.budget.clear()
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 
@@ -36,7 +68,36 @@ class CallSignature:
     """What a plan is specialised on: per argument an aval, or the static value itself."""
 
     avals: tuple[Aval | None, ...]
-    statics: tuple[tuple[int, Any], ...]
+    statics: tuple[tuple[int, "StaticValue"], ...]
+
+
+def static_key(x: Any) -> Any:
+    """A static argument's identity for plan caches: its type with its value, recursively through tuples,
+    lists and frozensets, so values that compare equal across types (1, 1.0, True) get plans of their own."""
+    if isinstance(x, (tuple, list)):
+        return (type(x), tuple(static_key(v) for v in x))
+    if isinstance(x, frozenset):
+        return (frozenset, frozenset(static_key(v) for v in x))
+    return (type(x), x)
+
+
+class StaticValue:
+    """A static argument's value, compared and hashed by `static_key`."""
+
+    __slots__ = ("value", "key")
+
+    def __init__(self, value: Any):
+        self.value = value
+        self.key = static_key(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StaticValue) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 
 
 def _device_array_aval(x: Any) -> Aval | None:
@@ -151,6 +212,7 @@ class Plan:
     graph: Graph
     tree: Any
     names: list[str]
+    captures: Captures = field(default_factory=Captures)  # arrays read from outside the arguments
     executables: dict[Any, Any] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)  # value-and-grad nests builds
 
@@ -203,7 +265,7 @@ class Traced:
         self.fn = fn
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.device = device
-        self._plans: dict[CallSignature, Plan] = {}
+        self._plans: OrderedDict[CallSignature, Plan] = OrderedDict()  # least recently used first
         self._plans_by_key: dict[tuple, Plan] = {}
         self._repeat_calls: dict[tuple, Callable[[Sequence[Any]], tuple[Any, Any]]] = {}
         self._lock = threading.Lock()
@@ -214,6 +276,7 @@ class Traced:
         except (TypeError, ValueError):
             self._fn_signature = None
         self._param_names = list(self._fn_signature.parameters) if self._fn_signature else []
+        _traced_functions.add(self)
 
     @property
     def name(self) -> str:
@@ -221,6 +284,18 @@ class Traced:
 
     def __repr__(self) -> str:
         return f"<jitgrad.Traced {self.name}>"
+
+    def __reduce__(self) -> Any:
+        """Pickle by reference to the wrapped function; plans and kernels are rebuilt where it is unpickled
+        (from that process's caches). A traced function that is its module's attribute pickles as that
+        global, so `@jg.trace` on a module-level function works with pickle and "spawn" pools; a function
+        defined in `__main__` travels by value under cloudpickle (Dask), which copies its code."""
+        module = sys.modules.get(getattr(self.fn, "__module__", None) or "")
+        qualname = getattr(self.fn, "__qualname__", "")
+        by_name = module is not None and "<" not in qualname and _resolve(module, qualname) is self
+        if by_name and not (module.__name__ == "__main__" and _pickling_by_value()):
+            return qualname
+        return (Traced, (self.fn, self.static_argnums, self.device))
 
     # ------------------------------------------------------------------ plans
 
@@ -234,7 +309,7 @@ class Traced:
                 except TypeError:
                     raise InputError(f"{self.name}: static argument {i} must be hashable, got a "
                                      f"{type(x).__name__}") from None
-                statics.append((i, x))
+                statics.append((i, StaticValue(x)))
                 avals.append(None)
             else:
                 avals.append(_arg_aval(i, x, self.name, self.device))
@@ -245,10 +320,12 @@ class Traced:
         key: list[Any] = []
         for i, x in enumerate(args):
             if i in self.static_argnums:
-                key.append(("static", x))
+                key.append(("static", static_key(x)))
             elif type(x) is np.ndarray:
                 key.append((x.shape, x.dtype))
             elif type(x) in _WEAK_DTYPES:
+                if type(x) is int and not _INT64_MIN <= x <= _INT64_MAX:
+                    return None  # the validating path says what is wrong
                 key.append(type(x))
             else:
                 return None
@@ -256,7 +333,26 @@ class Traced:
 
     def plan(self, *args: Any) -> Plan:
         """The plan for these arguments' signature, tracing the function on a miss."""
+        return self._plan_and_captured(args)[0]
+
+    def _plan_and_captured(self, args: Sequence[Any]) -> tuple[Plan, list[np.ndarray]]:
+        """The plan for these arguments and the current values of the arrays it reads from outside
+        them; a plan whose captured arrays changed shape or dtype, or were rebound to something else
+        than an array, is traced again."""
         args, _ = _numpy_args(args, self.name, self.device)
+        plan, sig, fast = self._lookup(args)
+        if not plan.captures:
+            return plan, []
+        captured = plan.captures.read()
+        if captured is None:
+            plan = self._retrace(plan, args, sig, fast)
+            captured = plan.captures.read()
+            if captured is None:
+                raise InputError(f"{self.name}: the arrays it reads from outside its arguments changed while it "
+                                 f"was traced; call it again once they are stable")
+        return plan, captured
+
+    def _lookup(self, args: Sequence[Any]) -> tuple[Plan, CallSignature | None, tuple | None]:
         try:
             fast = self._fast_key(args)
             found = self._plans_by_key.get(fast) if fast is not None else None
@@ -264,39 +360,79 @@ class Traced:
             fast, found = None, None
         if found is not None:
             self._stats["hits"] += 1
-            return found
+            self._used(found)
+            return found, None, fast
         self._positional(args, {})
         sig = self._signature(args)
         found = self._plans.get(sig)
         if found is not None:
             self._stats["hits"] += 1
+            self._used(found)
             if fast is not None:
                 self._plans_by_key[fast] = found
-            return found
+            return found, sig, fast
         with self._lock:
             found = self._plans.get(sig)
             if found is not None:
                 self._stats["hits"] += 1
-                return found
-            self._stats["misses"] += 1
-            statics = dict(sig.statics)
-            dyn = [i for i, a in enumerate(sig.avals) if a is not None]
+                return found, sig, fast
+            return self._traced_plan(args, sig, fast), sig, fast
 
-            def call_with_statics(*dynamic: Any) -> Any:
-                full = list(args)
-                for i, v in zip(dyn, dynamic):
-                    full[i] = v
-                for i, v in statics.items():
-                    full[i] = v
-                return self.fn(*full)
+    def _retrace(self, stale: Plan, args: Sequence[Any], sig: CallSignature | None, fast: tuple | None) -> Plan:
+        """Replace a plan whose captured arrays no longer fit it by a new trace."""
+        sig = sig or self._signature(args)
+        with self._lock:
+            current = self._plans.get(sig)
+            if current is not None and current is not stale:
+                return current  # another thread re-traced it already
+            self._forget(stale)
+            return self._traced_plan(args, sig, fast)
 
-            names = [self._param_names[i] if i < len(self._param_names) else f"arg{i}" for i in dyn]
-            graph, tree, captured = trace_to_graph(call_with_statics, [sig.avals[i] for i in dyn], names, parent=None)
-            plan = Plan(sig, graph, tree, names)
-            self._plans[sig] = plan
-            if fast is not None:
-                self._plans_by_key[fast] = plan
-            return plan
+    def _used(self, plan: Plan) -> None:
+        try:
+            self._plans.move_to_end(plan.signature)
+        except KeyError:  # dropped by another thread meanwhile: this call still runs it
+            pass
+
+    def clear_cache(self) -> None:
+        """Drop this function's plans (and with them their pooled output buffers); the next call traces again."""
+        with self._lock:
+            self._plans.clear()
+            self._plans_by_key.clear()
+            self._repeat_calls.clear()
+
+    def _forget(self, plan: Plan) -> None:
+        """Drop a plan and the fast-path entries that lead to it."""
+        self._plans.pop(plan.signature, None)
+        for table in (self._plans_by_key, self._repeat_calls):
+            for key in [k for k, v in table.items() if v is plan or getattr(v, "plan", None) is plan]:
+                del table[key]
+
+    def _traced_plan(self, args: Sequence[Any], sig: CallSignature, fast: tuple | None) -> Plan:
+        """Trace the function for `sig` and keep the plan (called under `_lock`)."""
+        self._stats["misses"] += 1
+        statics = {i: v.value for i, v in sig.statics}
+        dyn = [i for i, a in enumerate(sig.avals) if a is not None]
+
+        def call_with_statics(*dynamic: Any) -> Any:
+            full = list(args)
+            for i, v in zip(dyn, dynamic):
+                full[i] = v
+            for i, v in statics.items():
+                full[i] = v
+            return self.fn(*full)
+
+        names = [self._param_names[i] if i < len(self._param_names) else f"arg{i}" for i in dyn]
+        traced = trace_to_graph(call_with_statics, [sig.avals[i] for i in dyn], names, parent=None,
+                                reads_from=self.fn)
+        plan = Plan(sig, traced.graph, traced.tree, names, traced.captures)
+        self._plans[sig] = plan
+        if fast is not None:
+            self._plans_by_key[fast] = plan
+        limit = max_plans()
+        while len(self._plans) > limit:
+            self._forget(next(iter(self._plans.values())))
+        return plan
 
     def _inputs(self, plan: Plan, args: Sequence[Any]) -> list[Any]:
         if self.device == "cuda":
@@ -329,11 +465,12 @@ class Traced:
         if kwargs:
             args = self._positional(args, kwargs)
         if any(isinstance(a, Tracer) for a in args) or current_builder() is not None:
-            return self.fn(*args)
+            with reading_captured(self.fn):
+                return self.fn(*args)
         args, tensors = _numpy_args(args, self.name, self.device)
-        plan = self.plan(*args)
+        plan, captured = self._plan_and_captured(args)
         exe = plan.built("call", lambda: _compile(plan.graph, self.device))
-        outs = [self._result(o) for o in exe(self._inputs(plan, args))]
+        outs = [self._result(o) for o in exe(self._inputs(plan, args) + captured)]
         return unflatten_output(plan.tree, _as_tensors(outs) if tensors else outs)
 
     def _argnums(self, argnums: int | Sequence[int] | None, nargs: int) -> tuple[list[int], Callable[[list], Any]]:
@@ -373,10 +510,10 @@ class Traced:
         if repeat is not None:
             return repeat(args)
         args, tensors = _numpy_args(args, self.name, self.device)
-        plan = self.plan(*args)
+        plan, captured = self._plan_and_captured(args)
         exe, positions, wrt_args, shape_result = plan.built(("value_and_grad", argnums),
                                                             lambda: self._value_and_grad_program(plan, argnums))
-        outs = exe(self._inputs(plan, args))
+        outs = exe(self._inputs(plan, args) + captured)
         by_arg = dict(zip(wrt_args, outs[1:]))
         result = [self._result(by_arg[i]) if i in by_arg else None for i in positions]
         value = [self._result(outs[0])]
@@ -398,13 +535,25 @@ class Traced:
         layout = [out_index.get(i) for i in positions]
         tree = plan.tree
         stats = self._stats
+        read_captured = plan.captures.read if plan.captures else None
+        used = self._used
 
         def run(args: Sequence[Any]) -> tuple[Any, Any]:
+            inputs = [_as_array(args[i], aval) for i, aval in dynamic]
+            if read_captured is not None:
+                captured = read_captured()
+                if captured is None:  # a captured array changed: forget the plan, the general path traces again
+                    with self._lock:
+                        self._forget(plan)
+                    return self.value_and_grad(*args, argnums=argnums)
+                inputs += captured
             stats["hits"] += 1
-            outs = exe([_as_array(args[i], aval) for i, aval in dynamic])
+            used(plan)
+            outs = exe(inputs)
             grads = [None if k is None else _result(outs[k]) for k in layout]
             return unflatten_output(tree, [_result(outs[0])]), shape_result(grads)
 
+        run.plan = plan  # type: ignore[attr-defined]  # so a re-traced plan's fast path is dropped
         return run
 
     def _value_and_grad_program(self, plan: Plan, argnums: int | Sequence[int] | None) -> tuple:
@@ -434,9 +583,9 @@ class Traced:
     def forward(self, *args: Any) -> tuple[Any, Context]:
         """Run the compiled forward, keeping the residuals the backward needs in a context."""
         args, tensors = _numpy_args(args, self.name, self.device)
-        plan = self.plan(*args)
+        plan, captured = self._plan_and_captured(args)
         split, fwd, _, _ = self._split(plan)
-        outs = fwd(self._inputs(plan, args))
+        outs = fwd(self._inputs(plan, args) + captured)
         n = split.n_outputs
         results = [self._result(o) for o in outs[:n]]
         return (unflatten_output(plan.tree, _as_tensors(results) if tensors else results),
@@ -529,6 +678,25 @@ class Traced:
                 "kernels": kernels, "compiles": compiles}
 
 
+def _resolve(module: Any, qualname: str) -> Any:
+    """The object at dotted `qualname` in `module`, or None."""
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _pickling_by_value() -> bool:
+    """Is cloudpickle the pickler calling us? It copies `__main__` functions by value, which a worker
+    process that never ran the user's script needs; plain pickle looks them up by name."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("cloudpickle"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def trace(fn: Callable[..., Any] | None = None, *, static_argnums: Sequence[int] | int = (),
           device: str = "cpu") -> Any:
     """Compile a numpy function: `@jg.trace` or `@jg.trace(static_argnums=(1,))`; `device="cuda"` runs it on
@@ -545,7 +713,8 @@ def _traced_value_and_grad(fn: Callable[..., Any], args: Sequence[Any], argnums:
     positions = [argnums] if isinstance(argnums, int) else list(argnums)
     avals = [a.aval if isinstance(a, Tracer) else _arg_aval(i, a, getattr(fn, '__name__', 'function'))
              for i, a in enumerate(args)]
-    graph, tree, captured = trace_to_graph(fn, avals)
+    traced = trace_to_graph(fn, avals)
+    graph, tree, captured = traced.graph, traced.tree, traced.outer
     if len(graph.outputs) != 1 or graph.outputs[0].aval.size != 1:
         raise InputError(f"grad of {getattr(fn, '__name__', 'function')} needs a scalar output, got "
                          f"{[str(o.aval) for o in graph.outputs]}")
@@ -589,7 +758,8 @@ def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[..., tuple[An
         return Traced(base).vjp(*args)
     avals = [a.aval if isinstance(a, Tracer) else _arg_aval(i, a, getattr(base, '__name__', 'function'))
              for i, a in enumerate(args)]
-    graph, tree, captured = trace_to_graph(base, avals)
+    traced = trace_to_graph(base, avals)
+    graph, tree, captured = traced.graph, traced.tree, traced.outer
     wrt = [i for i, a in enumerate(avals) if a.is_float]
     joint = joint_vjp_graph(graph, wrt)
     n_out = len(graph.outputs)

@@ -109,7 +109,7 @@ def joint_vjp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
             v = graph.inputs[i]
             grads.append(ct[v] if v in ct else zeros(v.aval))
         outputs = [env[o] if isinstance(o, Var) else o.value for o in graph.outputs]
-        return builder.graph(outputs + grads)
+        return builder.graph(outputs + grads)[0]
 
 
 @dataclass

@@ -18,6 +18,10 @@ class UnsupportedError(TraceError, NotImplementedError):
     """A numpy function, ufunc, dtype or argument jitgrad does not support."""
 
 
+class UnsupportedAttributeError(UnsupportedError, AttributeError):
+    """An ndarray attribute or method traced arrays do not have (`hasattr` still answers False)."""
+
+
 class ShapeError(JitgradError, ValueError):
     """Shapes that do not broadcast, an out-of-range axis, a reshape that cannot hold the data."""
 

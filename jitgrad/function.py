@@ -25,7 +25,7 @@ from .tracing import (Builder, Tracer, bind, builder_aval, current_builder, flat
                       unflatten_output, where_text)
 
 _ARRAY_TYPES = (Tracer, np.ndarray, np.generic)
-_INTERNAL = ("_jg_function", "_jg_saved", "needs_input_grad")
+_INTERNAL = ("_jg_function", "_jg_saved", "_jg_non_differentiable", "_jg_materialize", "needs_input_grad")
 
 
 def _is_array(x: Any) -> bool:
@@ -39,7 +39,26 @@ class FunctionCtx:
     def __init__(self, function: type, needs_input_grad: tuple[bool, ...]):
         self._jg_function = function
         self._jg_saved: tuple[Any, ...] = ()
+        self._jg_non_differentiable: list[Any] = []
+        self._jg_materialize = True
         self.needs_input_grad = needs_input_grad
+
+    def mark_non_differentiable(self, *outputs: Any) -> None:
+        """As torch's: these outputs of forward carry no gradient (what is computed from them does not
+        reach the inputs through them), and backward receives zeros for them (None without
+        materialized gradients)."""
+        self._jg_non_differentiable.extend(outputs)
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """As torch's: with False, backward receives None, not zeros, for outputs that got no gradient."""
+        self._jg_materialize = bool(value)
+
+    def mark_dirty(self, *inputs: Any) -> None:
+        """Refused: traced arrays are immutable, so forward cannot modify its inputs in place."""
+        name = self._jg_function.__name__
+        raise FunctionError(f"{name}.forward: ctx.mark_dirty is not supported; jitgrad's arrays are immutable "
+                            f"inside a trace, so forward cannot modify an input in place: compute and return a "
+                            f"new array instead, and drop the mark_dirty call{where_text()}")
 
     def save_for_backward(self, *values: Any) -> None:
         """Keep arrays (inputs, outputs or intermediates of forward; None allowed) for backward."""
@@ -78,6 +97,8 @@ class FunctionCall:
     needs_input_grad: tuple[bool, ...]
     saved_slots: tuple[int | None, ...]  # per saved value: its position among the saved arrays (None: None)
     attributes: dict[str, Any]
+    non_differentiable: frozenset[int] = frozenset()  # outputs marked by ctx.mark_non_differentiable
+    materialize_grads: bool = True
 
     def __repr__(self) -> str:
         return f"FunctionCall({self.function.__name__})"
@@ -119,7 +140,9 @@ def _function_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *
     saved arrays themselves get cotangents (second derivatives), the VJP of the forward subgraph."""
     call = _call
     n = call.n_outputs
-    grad_outputs = [g if g is not None else zeros(o.aval) for g, o in zip(cts[:n], outs[:n])]
+    grad_outputs = [zeros(o.aval) if (g is None or k in call.non_differentiable) and call.materialize_grads
+                    else None if k in call.non_differentiable else g
+                    for k, (g, o) in enumerate(zip(cts[:n], outs[:n]))]
     ctx = FunctionCtx(fn, call.needs_input_grad)
     vars(ctx).update(call.attributes)
     saved = outs[n:]
@@ -305,11 +328,14 @@ def _record(cls: type, arguments: _Arguments, ctx: FunctionCtx, builder: Builder
             if isinstance(v, Tracer) or (isinstance(v, (tuple, list)) and any(isinstance(x, Tracer) for x in v)):
                 raise FunctionError(f"{name}.forward stored a traced array as ctx.{key}; save arrays with "
                                     f"ctx.save_for_backward(...) and read them from ctx.saved_tensors")
-        structure.update(tree=tree, n_outputs=len(leaves))
+        marked = {id(v) for v in ctx._jg_non_differentiable}
+        structure.update(tree=tree, n_outputs=len(leaves),
+                         non_differentiable=frozenset(k for k, v in enumerate(leaves) if id(v) in marked))
         return leaves + [v for v in ctx.saved_tensors if v is not None]
 
-    body, _, captured = trace_to_graph(traced_forward, [builder_aval(values[k]) for k in array_positions],
-                                       [arguments.names[k] for k in array_positions], parent=builder)
+    traced = trace_to_graph(traced_forward, [builder_aval(values[k]) for k in array_positions],
+                            [arguments.names[k] for k in array_positions], parent=builder, reads_from=cls.forward)
+    body, captured = traced.graph, traced.outer
     saved_slots, count = [], 0
     for v in ctx.saved_tensors:
         saved_slots.append(None if v is None else count)
@@ -317,6 +343,7 @@ def _record(cls: type, arguments: _Arguments, ctx: FunctionCtx, builder: Builder
     call = FunctionCall(cls, body, structure["n_outputs"],
                         tuple(array_positions.index(k) if k in array_positions else None for k in range(len(values))),
                         tuple(arguments.names), arguments.n_given, ctx.needs_input_grad, tuple(saved_slots),
-                        ctx.attributes())
+                        ctx.attributes(), structure["non_differentiable"], ctx._jg_materialize)
     outs = bind(custom_function_p, *[values[k] for k in array_positions], *captured, label=name, fn=cls, _call=call)
-    return unflatten_output(structure["tree"], outs[:call.n_outputs])
+    results = [ops.stop_gradient(o) if k in call.non_differentiable else o for k, o in enumerate(outs[:call.n_outputs])]
+    return unflatten_output(structure["tree"], results)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import ops
-from .errors import UnsupportedError
+from .errors import UnsupportedAttributeError, UnsupportedError
 from .tracing import Tracer, where_text
 
 
@@ -264,6 +264,10 @@ def tracer_method(t: Tracer, name: str) -> Any:
     if factory is None:
         if name.startswith("__"):
             raise AttributeError(name)
-        raise AttributeError(f"traced arrays have no attribute {name!r} (jitgrad supports ndarray methods "
-                             f"{', '.join(sorted(METHODS))}){where_text()}")
+        in_place = (" ndarray's in-place methods (sort, fill, resize, put, partition, itemset, setflags) cannot "
+                    "be traced because traced arrays are immutable: use the numpy function that returns a new array "
+                    "(np.sort(x), np.full_like(x, v), ...)." if hasattr(np.ndarray, name) else "")
+        raise UnsupportedAttributeError(
+            f"traced {t.aval} arrays have no attribute {name!r}.{in_place} jitgrad supports the ndarray methods "
+            f"{', '.join(sorted(METHODS))}; see docs/ops.md{where_text()}")
     return factory(t)

@@ -444,6 +444,17 @@ def _arg_rule(avals: Sequence[Aval], *, axis: int) -> Aval:
     return Aval(tuple(1 if k == axis else d for k, d in enumerate(x.shape)), np.dtype(np.int64), False)
 
 
+def _check_int_range_impl(x: Any, *, dtype: np.dtype) -> Any:
+    """A Python int argument (weakly typed, held as int64) meeting an array of a narrower integer dtype:
+    numpy raises OverflowError when it does not fit (NEP 50), and so does this step, at call time."""
+    value, info = int(np.asarray(x)), np.iinfo(dtype)
+    if not info.min <= value <= info.max:
+        raise OverflowError(f"Python integer {value} out of bounds for {np.dtype(dtype)}")
+    return x
+
+
+check_int_range_p = declare(Primitive("check_int_range", "host", _same, _check_int_range_impl))
+
 argmax_p = declare(Primitive("argmax", "host", _arg_rule,
                              lambda x, *, axis: np.argmax(x, axis=axis, keepdims=True).astype(np.int64)))
 argmin_p = declare(Primitive("argmin", "host", _arg_rule,

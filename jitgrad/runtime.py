@@ -5,64 +5,25 @@ numba dispatcher (the serial variant for small domains; for large ones whichever
 parallel proved faster on the first calls), host steps
 call the primitive's numpy reference (BLAS for matmul, views for reshapes). Outputs never alias
 inputs or each other: anything that would is copied. Kernel output buffers are recycled between
-calls only when nothing outside the runtime still references them (see `OutputBuffers`).
+calls only when nothing outside the runtime still references them (`jitgrad.buffers`).
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numba
 import numpy as np
 
+from .buffers import OutputBuffers
 from .fusion import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
 from .kernels import compiler, cpu
-
-class OutputBuffers:
-    """The output arrays of one kernel call site, reused across calls once nobody else holds them.
-
-    A buffer is handed out again only when its reference count shows that the pool is its sole
-    owner: an array the user kept (or any view of it, or a saved residual) is never overwritten.
-    Two buffers per output cover `loss, grads = f.value_and_grad(...)` in a loop, where the previous
-    results are still alive during the next call. Reuse spares large calls the page faults of fresh
-    allocations.
-    """
-
-    _SOLE_OWNER = 3  # the pool's list, the local name, and getrefcount's own argument
-    DEPTH = 2
-    MIN_BYTES = 1 << 16  # smaller outputs are allocated afresh: cheaper than the bookkeeping
-
-    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]):
-        self.shapes = list(shapes)
-        self.dtypes = list(dtypes)
-        self.held: list[list[np.ndarray]] = [[] for _ in self.shapes]
-        self.small = [int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize < self.MIN_BYTES
-                      for s, d in zip(self.shapes, self.dtypes)]
-        self.pooled = not all(self.small)
-        self.lock = threading.Lock()
-
-    def take(self) -> list[np.ndarray]:
-        if not self.pooled:
-            return [np.empty(s, d) for s, d in zip(self.shapes, self.dtypes)]
-        with self.lock:
-            return [self._take_one(k) for k in range(len(self.shapes))]
-
-    def _take_one(self, k: int) -> np.ndarray:
-        if self.small[k]:
-            return np.empty(self.shapes[k], self.dtypes[k])
-        pool = self.held[k]
-        for buf in pool:
-            if sys.getrefcount(buf) == self._SOLE_OWNER:
-                return buf
-        buf = np.empty(self.shapes[k], self.dtypes[k])
-        if len(pool) == self.DEPTH:
-            pool.pop(0)  # the oldest is the user's now; the pool forgets it
-        pool.append(buf)
-        return buf
-
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
 
@@ -82,11 +43,12 @@ class VariantChooser:
     RECHECK_EVERY = 100  # calls between re-checks
 
     def __init__(self, size: int):
-        self.fixed = size < cpu.PARALLEL_MIN_SIZE
+        self.fixed = size < cpu.PARALLEL_MIN_SIZE or _serial_only
         self.choice: str | None = SERIAL if self.fixed else None
         self.trials = self.TRIALS
         self.timings: dict[str, list[float]] = {PARALLEL: [], SERIAL: []}
         self.calls_since_choice = 0
+        _choosers.add(self)
 
     def next(self) -> str:
         """The variant to run now; while `choice` is None the caller times it and calls `record`."""
@@ -111,6 +73,29 @@ class VariantChooser:
         if all(len(t) >= self.trials for t in self.timings.values()):
             self.choice = min(self.timings, key=lambda v: sorted(self.timings[v])[self.trials // 2])
             self.calls_since_choice = 0
+
+
+_choosers: "weakref.WeakSet[VariantChooser]" = weakref.WeakSet()
+_serial_only = False  # in a child forked after GNU OpenMP ran parallel kernels, which it cannot do again
+
+
+def _pin_serial_after_fork() -> None:
+    """GNU OpenMP kills a forked child that starts parallel work after its parent did (numba's `omp`
+    threading layer): in such a child every kernel runs its serial variant, which gives the same
+    numbers. Other layers (workqueue, tbb) keep their choice."""
+    global _serial_only
+    try:
+        unsafe = numba.threading_layer() == "omp"
+    except ValueError:  # no parallel kernel ran before the fork: the child may start its own pool
+        return
+    if unsafe:
+        _serial_only = True
+        for chooser in list(_choosers):
+            chooser.keep(SERIAL)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pin_serial_after_fork)
 
 
 @dataclass

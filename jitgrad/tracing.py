@@ -12,10 +12,12 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from . import captures
 from .errors import ConcretizationError, TraceError, UnsupportedError
 from .ir import Atom, Aval, Eqn, Graph, Literal, SourceInfo, Var
 
@@ -57,12 +59,30 @@ class Builder:
         self.no_grad_depth = 0
         self.label: str | None = None  # names equations recorded by a VJP rule, e.g. "MulBackward"
         self.source: SourceInfo | None = None  # while replaying or differentiating: the original user line
+        # A plan's root builder: arrays read from outside the arguments, by id, as traced stand-ins
+        # (jitgrad.captures); None where a trace does not capture (autodiff's replays).
+        self.known_arrays: dict[int, CapturedTracer] | None = None
+        self.implicit: list[CapturedTracer] = []
 
     def new_input(self, aval: Aval, name: str = "") -> "Tracer":
         v = Var(aval)
         self.inputs.append(v)
         self.input_names.append(name)
         return Tracer(self, v)
+
+    def capture_root(self) -> "Builder | None":
+        """The outermost builder, if it captures arrays read from outside the arguments."""
+        b = self
+        while b.parent is not None:
+            b = b.parent
+        return b if b.known_arrays is not None else None
+
+    def new_implicit(self, array: np.ndarray, path: captures.ArrayPath) -> "CapturedTracer":
+        """A traced stand-in for an array read through `path`; an input of the graph if the trace uses it."""
+        aval = Aval(array.shape, array.dtype, False)
+        t = CapturedTracer(self, Var(aval), captures.CapturedArray([path], aval), array)
+        self.implicit.append(t)
+        return t
 
     def is_ancestor(self, other: "Builder") -> bool:
         b = self.parent
@@ -75,6 +95,8 @@ class Builder:
     def atom(self, x: Any) -> Atom:
         """Turn a tracer, numpy value or Python number into an atom of this builder's graph."""
         if isinstance(x, Tracer):
+            if type(x) is CapturedTracer:
+                x.capture.used = True
             if x.builder is self:
                 return x.var
             if self.is_ancestor(x.builder):
@@ -86,6 +108,11 @@ class Builder:
             raise TraceError(
                 "a traced value escaped the function that traced it (stored in a global or closure and "
                 f"used in a later call?); pass it as an argument instead{where_text()}")
+        if isinstance(x, np.ndarray):
+            root = self.capture_root()
+            stand_in = root.known_arrays.get(id(x)) if root is not None else None
+            if stand_in is not None:
+                return self.atom(stand_in)
         return literal(x)
 
     def add(self, prim: Any, inputs: Sequence[Any], params: dict[str, Any], out_avals: Sequence[Aval],
@@ -95,12 +122,23 @@ class Builder:
         self.eqns.append(Eqn(prim, atoms, dict(params), outs, self.source or user_source(), label or self.label))
         return [Tracer(self, o) for o in outs]
 
-    def graph(self, outputs: Sequence[Any]) -> Graph:
-        """Close the graph: inputs are the declared inputs followed by captured outer values."""
+    def graph(self, outputs: Sequence[Any]) -> tuple[Graph, captures.Captures]:
+        """Close the graph: inputs are the declared inputs, then the arrays read from outside the
+        arguments that the graph uses, then captured outer values. Also returns what was captured."""
         outs = [self.atom(o) for o in outputs]
-        inputs = self.inputs + [self.captured[t.var] for t in self.captured_tracers]
-        names = self.input_names + ["<captured>"] * len(self.captured_tracers)
-        return Graph(inputs, list(self.eqns), outs, names)
+        referenced = {a for e in self.eqns for a in e.inputs if isinstance(a, Var)} | set(outs)
+        found = captures.Captures()
+        implicit = []
+        for t in self.implicit:
+            if t.var in referenced:
+                implicit.append(t.var)
+                found.inputs.append(t.capture)
+            elif t.capture.used or t.capture.snapshot is not None:
+                found.constants.append(t.capture)  # its shape or values shaped the trace: guard them
+        inputs = self.inputs + implicit + [self.captured[t.var] for t in self.captured_tracers]
+        names = (self.input_names + [str(c.paths[0]) for c in found.inputs]
+                 + ["<captured>"] * len(self.captured_tracers))
+        return Graph(inputs, list(self.eqns), outs, names), found
 
 
 def literal(x: Any) -> Literal:
@@ -182,6 +220,9 @@ def _builder_for(inputs: Sequence[Any]) -> Builder | None:
 def builder_aval(x: Any) -> Aval:
     if isinstance(x, Tracer):
         return x.aval
+    if isinstance(x, np.ndarray):  # without literal()'s copy
+        check_dtype(x.dtype, "a constant")
+        return Aval(x.shape, x.dtype, False)
     return literal(x).aval
 
 
@@ -224,10 +265,14 @@ class Tracer:
         return f"Tracer<{self.aval}>"
 
     def _concrete(self, what: str) -> ConcretizationError:
+        root = self.builder.capture_root()
+        captured = ("; arrays the function reads from its closure, globals or attributes are traced values too "
+                    "(jitgrad reads them afresh at every call), so compute such a condition outside the traced "
+                    "function" if root is not None and root.implicit else "")
         return ConcretizationError(
             f"{what} needs a concrete value, but this is a traced {self.aval} array whose numbers are not "
             "known while tracing. Python control flow cannot depend on traced values: use np.where(cond, a, b) "
-            "to select values, or mark the argument as static with jg.trace(fn, static_argnums=...)"
+            f"to select values, or mark the argument as static with jg.trace(fn, static_argnums=...){captured}"
             f"{where_text()}")
 
     def __bool__(self) -> bool:
@@ -246,10 +291,19 @@ class Tracer:
         raise self._concrete("complex()")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        raise self._concrete("converting to a numpy array (np.asarray / np.array)")
+        raise self._concrete(
+            "converting to a numpy array (np.asarray / np.array, or numpy using a traced array where it needs "
+            "numbers: a numpy array indexed by a traced one, `table[y]`, or np.take(table, y), which numpy "
+            "dispatches on `table` only; write jg.take(table, y, axis=0), or for one-hot rows "
+            "jg.one_hot(y, n))")
 
-    def item(self) -> Any:
+    def item(self, *args: Any) -> Any:
         raise self._concrete(".item()")
+
+    def __format__(self, spec: str) -> str:
+        if not spec:
+            return repr(self)
+        raise self._concrete(f"formatting with {spec!r} (f'{{x:{spec}}}')")
 
     def tolist(self) -> Any:
         raise self._concrete(".tolist()")
@@ -268,6 +322,72 @@ class Tracer:
     def __getattr__(self, name: str) -> Any:
         from .numpy_api import tracer_method
         return tracer_method(self, name)
+
+
+class CapturedTracer(Tracer):
+    """The traced stand-in of an array read from outside the arguments (`jitgrad.captures`). Using it
+    makes it an implicit input of the plan; needing its numbers (`int(n)`, a mask, repeat counts)
+    makes them a constant of the plan, guarded by value at every call."""
+
+    __slots__ = ("capture", "array")
+
+    def __init__(self, builder: Builder, var: Var, capture: captures.CapturedArray, array: np.ndarray):
+        super().__init__(builder, var)
+        self.capture = capture
+        self.array = array
+
+    @property
+    def aval(self) -> Aval:
+        self.capture.used = True
+        return self.var.aval
+
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: self.aval.ndim)
+    size = property(lambda self: self.aval.size)
+
+    def concrete(self) -> np.ndarray:
+        """The array's values at trace time, which the plan then checks at every call."""
+        if self.array.size > captures.CONCRETE_LIMIT:
+            raise ConcretizationError(
+                f"this {self.var.aval} array is read from {self.capture.paths[0]} (outside the function's "
+                f"arguments), so jitgrad reads it afresh at every call and its numbers are not known while "
+                f"tracing; only arrays of up to {captures.CONCRETE_LIMIT} elements can shape a trace (they are "
+                f"then checked at every call). Pass it as an argument, or compute what you need from it outside "
+                f"the traced function{where_text()}")
+        if self.capture.snapshot is None:
+            self.capture.snapshot = self.array.copy()
+        return self.capture.snapshot
+
+    def __bool__(self) -> bool:
+        return bool(self.concrete())
+
+    def __float__(self) -> float:
+        return float(self.concrete())
+
+    def __int__(self) -> int:
+        return int(self.concrete())
+
+    def __index__(self) -> int:
+        return self.concrete().__index__()
+
+    def __complex__(self) -> complex:
+        return complex(self.concrete())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self.concrete(), dtype=dtype)
+
+    def item(self, *args: Any) -> Any:
+        return self.concrete().item(*args)
+
+    def tolist(self) -> Any:
+        return self.concrete().tolist()
+
+
+def constant_of(x: Any) -> Any:
+    """`x`, or for an array read from outside the arguments its values (a constant guarded by value):
+    for ops whose arguments must be known while tracing (masks, counts, sizes)."""
+    return x.concrete() if isinstance(x, CapturedTracer) else x
 
 
 def _install_operators() -> None:
@@ -316,20 +436,48 @@ def no_grad() -> Iterator[None]:
         b.no_grad_depth -= 1
 
 
-def trace_to_graph(fn: Any, avals: Sequence[Aval], names: Sequence[str] = (),
-                   parent: Builder | None = None) -> tuple[Graph, Any, list[Tracer]]:
-    """Trace `fn` on fresh inputs of `avals`; returns (graph, output tree structure, captured outer tracers).
+@dataclass
+class Trace:
+    """What tracing a function produced: its graph, its output structure, the enclosing traces'
+    values it used (extra trailing inputs) and the arrays it read from outside its arguments."""
+
+    graph: Graph
+    tree: Any
+    outer: list[Tracer]
+    captures: captures.Captures
+
+
+def trace_to_graph(fn: Any, avals: Sequence[Aval], names: Sequence[str] = (), parent: Builder | None = None,
+                   reads_from: Any = None) -> Trace:
+    """Trace `fn` on fresh inputs of `avals`. Arrays that `reads_from` (default: `fn`) reaches outside its
+    arguments become traced stand-ins (`jitgrad.captures`): of this graph if it is the outermost trace,
+    else of the outermost one (whose inputs the enclosing graphs then capture).
 
     Outputs may be a tracer/array or a tuple, list or dict of them; the structure is returned
     so callers can rebuild it around computed arrays.
     """
     builder = Builder(parent if parent is not None else current_builder())
-    with building(builder):
+    if builder.parent is None:
+        builder.known_arrays = {}
+    with building(builder), reading_captured(reads_from if reads_from is not None else fn):
         args = [builder.new_input(a, n) for a, n in zip(avals, list(names) + [""] * len(avals))]
         result = fn(*args)
         leaves, tree = flatten_output(result)
-        graph = builder.graph(leaves)
-    return graph, tree, list(builder.captured_tracers)
+        graph, found = builder.graph(leaves)
+    return Trace(graph, tree, list(builder.captured_tracers), found)
+
+
+@contextmanager
+def reading_captured(fn: Any) -> Iterator[None]:
+    """While tracing `fn`, the arrays it reads from outside its arguments are traced stand-ins of the
+    outermost capturing trace (nothing is done where no trace captures)."""
+    current = current_builder()
+    root = current.capture_root() if current is not None else None
+    if root is None:
+        yield
+        return
+    with captures.substituted(fn, root.new_implicit, root.known_arrays):
+        yield
 
 
 def flatten_output(result: Any) -> tuple[list[Any], Any]:

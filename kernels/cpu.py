@@ -8,9 +8,11 @@ float32 math). No fast-math: numbers match numpy's.
 
 What lets LLVM vectorise the loops: arrays are indexed with unsigned copies of the loop variables
 (numba wraps negative signed indices with a select, which turns contiguous loads into gathers);
-float32 sums store blocks of `BLOCK` terms that `block_sum` adds in float32 lanes in one fixed
-order, and fold each block into a float64 total (a float64 accumulator would halve the vector width
-of the whole loop; a reassociated float32 one would make the bits depend on the kernel); float max/min
+float sums store blocks of `BLOCK` terms that `block_sum` adds in vector lanes in one fixed
+order, and fold each block into a float64 total in order (a float64 accumulator would halve the
+vector width of a float32 loop; a reassociated one would make the bits depend on the kernel and
+the variant). Full reductions split into the same chunks in both variants (the serial one walks
+them in a plain loop), so the serial and parallel kernels give the same bits; float max/min
 reductions use LLVM's NaN-propagating `maximum`/`minimum`, and a row whose extremum is zero is
 rescanned with numpy's sequential rule so that the sign of the zero matches numpy's. Values a
 later pass would recompute are carried through per-row scratch (`jitgrad.kernels.carry`).
@@ -26,10 +28,10 @@ from jitgrad.kernels import carry
 
 PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
 CHUNKS = 64  # parallel chunks of a full reduction
-BLOCK = 256  # terms a float32 sum adds in float32 (`block_sum`: 64 lanes of 4) before folding into float64
+BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
 
 HEADER = ("import math\n\nimport numpy as np\nfrom numba import prange\n"
-          "from jitgrad.kernels.reductions import add_reassoc, block_sum, maximum_propagating, minimum_propagating\n"
+          "from jitgrad.kernels.reductions import block_sum, maximum_propagating, minimum_propagating\n"
           "from jitgrad.kernels.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh\n")
 
 
@@ -79,16 +81,20 @@ def row_index(k: LoopKernel) -> str:
 
 
 def is_blocked(r: Reduction) -> bool:
-    """float32 sums add per block in float32 (full vector width), then across blocks in float64."""
-    return r.prim.name == "reduce_sum" and r.dtype == np.float32
+    """Float sums add per block in their dtype (full vector width, fixed order), then across blocks in float64."""
+    return r.prim.name == "reduce_sum" and r.dtype.kind == "f"
+
+
+def order_dependent(r: Reduction) -> bool:
+    """Does the result's rounding depend on the order the terms are combined in (float sums and products)?"""
+    return r.prim.name in ("reduce_sum", "reduce_prod") and r.dtype.kind == "f"
 
 
 def is_float_extremum(r: Reduction) -> bool:
     return r.prim.name in ("reduce_max", "reduce_min") and r.dtype.kind == "f"
 
 
-VECTOR_COMBINE = {"reduce_sum": "add_reassoc({0}, {1})", "reduce_max": "maximum_propagating({0}, {1})",
-                  "reduce_min": "minimum_propagating({0}, {1})"}
+VECTOR_COMBINE = {"reduce_max": "maximum_propagating({0}, {1})", "reduce_min": "minimum_propagating({0}, {1})"}
 
 
 class _Writer:
@@ -143,7 +149,7 @@ def _slice(body: list, name: str) -> list:
 def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[tuple[int, str, str]],
                carries: list[carry.Carry]) -> None:
     """One pass over the reduced axes (`loops`: axis, start, stop, outermost first): loads, math,
-    accumulation, stores, and the values later passes reuse. With float32 sums the innermost loop
+    accumulation, stores, and the values later passes reuse. With float sums the innermost loop
     runs in blocks of BLOCK: each block's terms go to scratch `<acc>_s` (or are already in a carried
     value's scratch row), summed by `block_sum`."""
     blocked = [r for r in stage.reductions if is_blocked(r)] if loops else []
@@ -161,7 +167,7 @@ def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[
         if r.acc in carried:
             continue
         if r in blocked:
-            w.line(inner, f"{r.acc}_s[np.uint64(i{loops[-1][0]} - b{loops[-1][0]})] = np.float32({r.src})")
+            w.line(inner, f"{r.acc}_s[np.uint64(i{loops[-1][0]} - b{loops[-1][0]})] = {numba_type(r.dtype)}({r.src})")
         else:
             _emit_accumulate(w, inner, r, f"{r.acc}_", r.src)
     _emit_stores(w, k, inner, stage.stores)
@@ -181,7 +187,7 @@ def _emit_pass(w: _Writer, k: LoopKernel, depth: int, stage: Stage, loops: list[
 
 def _sums_carried(r: Reduction, c: carry.Carry) -> bool:
     """Does the blocked sum `r` add exactly the values carry `c` stores (so it can read them there)?"""
-    return c.src == r.src and c.dtype == np.float32
+    return c.src == r.src and c.dtype == r.dtype
 
 
 def _emit_zero_rescan(w: _Writer, k: LoopKernel, depth: int, stage: Stage) -> None:
@@ -214,17 +220,20 @@ def _emit_block_scratch(w: _Writer, depth: int, stages: list[Stage], carries: li
     for s, stage in enumerate(stages):
         for r in stage.reductions:
             if is_blocked(r) and not any(_sums_carried(r, c) for c in carries if c.stage == s):
-                w.line(depth, f"{r.acc}_s = np.empty({BLOCK}, np.float32)")
+                w.line(depth, f"{r.acc}_s = np.empty({BLOCK}, {numba_type(r.dtype)})")
 
 
 def _emit_stage_chunked(w: _Writer, k: LoopKernel, stage: Stage, parallel: bool) -> None:
     """A stage of a full reduction: parallel chunks of the first reduced axis, then a serial combine.
-    The serial variant uses one chunk: LLVM vectorises that plain loop far better than a chunk nest.
-    Chunks of a blocked axis start at multiples of BLOCK, so both variants sum the same blocks."""
+    Float sums and products split into the same chunks in the serial variant (walked in order), so
+    both variants associate them alike and give the same bits; other reductions are exact in any
+    order and run serially as one chunk, which LLVM vectorises best. Chunks of a blocked axis start
+    at multiples of BLOCK, so both variants sum the same blocks."""
     first, rest = k.reduce_axes[0], k.reduce_axes[1:]
     grain = BLOCK if not rest and any(is_blocked(r) for r in stage.reductions) else 1
     w.line(1, f"nb = (n{first} + {grain - 1}) // {grain}" if grain > 1 else f"nb = n{first}")
-    w.line(1, f"nc = max(1, min(nb, {CHUNKS}))" if parallel else "nc = 1")
+    chunked = parallel or any(order_dependent(r) for r in stage.reductions)
+    w.line(1, f"nc = max(1, min(nb, {CHUNKS}))" if chunked else "nc = 1")
     for r in stage.reductions:
         w.line(1, f"{r.acc}_p = np.empty(nc, {numba_type(accumulator_dtype(r))})")
     w.line(1, "for ch in prange(nc):")

@@ -1,14 +1,10 @@
 """Helpers the generated kernels call to combine reductions in vectorisable form.
 
-`add_reassoc` carries LLVM's `reassoc` flag on its one addition: once LLVM inlines it into a
-kernel's loop, the loop vectoriser may reorder that sum (and only that sum) into SIMD lanes,
-while every other operation of the kernel keeps strict IEEE semantics.
-
 `maximum_propagating`/`minimum_propagating` are LLVM's `llvm.maximum`/`llvm.minimum`: NaN in
 either operand gives NaN (numpy's rule) and -0.0 orders below +0.0. LLVM vectorises reductions
 over them, which it cannot do for a compare-and-select that tests for NaN.
 
-`block_sum` sums a block of float32 values in a fixed order, fast and reproducible.
+`block_sum` sums a block of float32 or float64 values in a fixed order, fast and reproducible.
 """
 from typing import Any
 
@@ -17,11 +13,6 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-
-@njit(fastmath={"reassoc"}, error_model="numpy")
-def add_reassoc(acc, value):  # type: ignore[no-untyped-def]
-    return acc + value
 
 
 def _float_intrinsic(name: str) -> Any:
@@ -42,30 +33,33 @@ maximum_propagating = _float_intrinsic("llvm.maximum")
 minimum_propagating = _float_intrinsic("llvm.minimum")
 
 
-LANES = 64  # independent lane sums: eight 8-wide adds in flight, and a 6-level pairwise tree
+LANES = {types.float32: 64, types.float64: 32}  # independent lane sums: eight 256-bit adds in flight
 
 
 @intrinsic
 def _lane_sums(typingctx: Any, buf: Any, m: Any) -> Any:
-    """Sum of the float32 `buf[:m]`: lane k adds elements k, k + LANES, ... in order (one
+    """Sum of the float `buf[:m]`: lane k adds elements k, k + LANES, ... in order (one
     <LANES x float> add per step; the last, partial step reads the remaining elements into a zeroed
     vector, so nothing past `buf[m - 1]` is touched), then lanes combine as a balanced tree of
     halves: lane k adds lane k + LANES/2, then k + LANES/4, ... (vertical adds of whole registers)."""
-    if not (isinstance(buf, types.Array) and buf.dtype == types.float32 and buf.ndim == 1 and buf.layout == "C"
+    if not (isinstance(buf, types.Array) and buf.dtype in LANES and buf.ndim == 1 and buf.layout == "C"
             and isinstance(m, types.Integer)):
         return None
+    lane_count = LANES[buf.dtype]
+    element = ir.FloatType() if buf.dtype == types.float32 else ir.DoubleType()
+    alignment = buf.dtype.bitwidth // 8  # what the array guarantees, not the vector's width
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        vector = ir.VectorType(ir.FloatType(), LANES)
-        zeros = ir.Constant(vector, [0.0] * LANES)
+        vector = ir.VectorType(element, lane_count)
+        zeros = ir.Constant(vector, [0.0] * lane_count)
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         count = args[1]
-        lanes = ir.Constant(count.type, LANES)
+        lanes = ir.Constant(count.type, lane_count)
         steps = builder.udiv(count, lanes)
         acc = cgutils.alloca_once_value(builder, zeros)
         with cgutils.for_range(builder, steps) as loop:
             start = builder.gep(data, [builder.mul(loop.index, lanes)])
-            terms = builder.load(builder.bitcast(start, vector.as_pointer()), align=4)
+            terms = builder.load(builder.bitcast(start, vector.as_pointer()), align=alignment)
             builder.store(builder.fadd(builder.load(acc), terms), acc)
         done = builder.mul(steps, lanes)
         rest = builder.sub(count, done)
@@ -78,7 +72,7 @@ def _lane_sums(typingctx: Any, buf: Any, m: Any) -> Any:
                               builder.gep(elements, [tail.index]))
             builder.store(builder.fadd(builder.load(acc), builder.load(partial)), acc)
         total = builder.load(acc)
-        width = LANES
+        width = lane_count
         while width > 1:
             width //= 2
             halves = [ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(first, first + width)))
@@ -86,12 +80,12 @@ def _lane_sums(typingctx: Any, buf: Any, m: Any) -> Any:
             total = builder.fadd(builder.shuffle_vector(total, total, halves[0]),
                                  builder.shuffle_vector(total, total, halves[1]))
         return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
-    return types.float32(buf, m), codegen
+    return buf.dtype(buf, m), codegen
 
 
 @njit(error_model="numpy")
 def block_sum(buf, m):  # type: ignore[no-untyped-def]
-    """Sum of the float32 `buf[:m]` in one fixed order: LANES interleaved lane sums (a missing
+    """Sum of the float `buf[:m]` in one fixed order: LANES interleaved lane sums (a missing
     term counts as +0.0, which changes no lane), combined pairwise. Strict IEEE arithmetic
     (explicit vector adds, nothing reordered), so every kernel summing the same values gets the
     same bits; each lane adds few terms, so the error is that of a pairwise sum."""

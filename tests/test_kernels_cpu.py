@@ -8,31 +8,39 @@ import torch
 import jitgrad as jg
 from jitgrad import fusion, passes
 from jitgrad.kernels import cpu
+from numba import types
+
 from jitgrad.kernels.reductions import LANES, block_sum
 
+LANE_COUNTS = {np.dtype(np.float32): LANES[types.float32], np.dtype(np.float64): LANES[types.float64]}
 
-def _block_sum_reference(values: np.ndarray) -> np.float32:
+
+def _block_sum_reference(values: np.ndarray) -> np.floating:
     """block_sum's order written out: lane k adds elements k, k + LANES, ...; lanes fold in halves."""
-    lanes = [np.float32(0)] * LANES
+    scalar = values.dtype.type
+    lanes = [scalar(0)] * LANE_COUNTS[values.dtype]
     for j, v in enumerate(values):
-        lanes[j % LANES] = np.float32(lanes[j % LANES] + v)
+        lanes[j % len(lanes)] = scalar(lanes[j % len(lanes)] + v)
     while len(lanes) > 1:
         half = len(lanes) // 2
-        lanes = [np.float32(lanes[i] + lanes[i + half]) for i in range(half)]
+        lanes = [scalar(lanes[i] + lanes[i + half]) for i in range(half)]
     return lanes[0]
 
 
-@pytest.mark.parametrize("m", [0, 1, 15, 63, 64, 65, 200, cpu.BLOCK])
-def test_block_sum_has_one_fixed_order(m) -> None:
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [0, 1, 15, 31, 33, 63, 64, 65, 200, cpu.BLOCK])
+def test_block_sum_has_one_fixed_order(m, dtype) -> None:
     rng = np.random.default_rng(m)
-    values = (rng.standard_normal(cpu.BLOCK) * 10.0 ** rng.uniform(-4, 4, cpu.BLOCK)).astype(np.float32)
+    values = (rng.standard_normal(cpu.BLOCK) * 10.0 ** rng.uniform(-4, 4, cpu.BLOCK)).astype(dtype)
     got = block_sum(values.copy(), m)
     assert got == _block_sum_reference(values[:m])
-    assert abs(float(got) - values[:m].astype(np.float64).sum()) <= 1e-6 * np.abs(values[:m]).sum()
+    tolerance = 1e-6 if dtype == np.float32 else 1e-14
+    assert abs(float(got) - values[:m].astype(np.float64).sum()) <= tolerance * np.abs(values[:m]).sum()
 
 
-def test_block_sum_special_values() -> None:
-    buf = np.zeros(cpu.BLOCK, np.float32)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_block_sum_special_values(dtype) -> None:
+    buf = np.zeros(cpu.BLOCK, dtype)
     buf[:3] = [1.0, np.inf, 2.0]
     assert block_sum(buf.copy(), 3) == np.inf
     buf[5] = -np.inf
@@ -40,7 +48,30 @@ def test_block_sum_special_values() -> None:
     buf[:] = 1.0
     buf[100] = np.nan
     assert np.isnan(block_sum(buf.copy(), cpu.BLOCK))
-    assert cpu.BLOCK % LANES == 0  # a full block needs no padding beyond the buffer
+    assert cpu.BLOCK % LANE_COUNTS[np.dtype(dtype)] == 0  # a full block needs no padding beyond the buffer
+
+
+@pytest.mark.parametrize("shape, axis", [((300_001,), None), ((700, 900), 1), ((40, 30, 500), (0, 2))])
+def test_float64_sums_give_the_same_bits_in_both_variants(shape, axis) -> None:
+    """The serial and the parallel kernel associate a float64 sum alike, so the timing chooser switching
+    between them never changes a result (and neither does the call mode)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape)
+    f = jg.trace(lambda a: np.sum(np.sin(a) * a, axis=axis))
+    program = fusion.schedule(passes.optimize(f.plan(x).graph))
+    (kernel,) = program.kernels
+    from jitgrad.kernels import compiler
+    compiled = compiler.load(cpu.module_source(kernel), {"parallel_kernel": {"parallel": True}, "serial_kernel": {}})
+    results = []
+    for variant in ("serial_kernel", "parallel_kernel"):
+        out = np.empty(kernel.outputs[0].aval.shape)
+        compiled.call(variant, cpu.kernel_arguments(kernel, [x], [out], cpu.scalar_arguments(kernel)))
+        results.append(out)
+    assert np.array_equal(results[0], results[1])
+    calls = [np.asarray(f(x)) for _ in range(60)]
+    assert all(np.array_equal(c, calls[0]) for c in calls)
+    np.testing.assert_allclose(calls[0].reshape(results[0].shape), results[0], rtol=0, atol=0)
+    np.testing.assert_allclose(results[0].reshape(np.shape(calls[0])), np.sum(np.sin(x) * x, axis=axis), rtol=1e-12)
 
 
 @pytest.mark.parametrize("n", [1_000, 300_001])

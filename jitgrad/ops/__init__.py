@@ -20,6 +20,6 @@ from .shapes import (  # noqa: F401
 from .reductions import (  # noqa: F401
     argmax, argmin, log_softmax, logsumexp, max, mean, min, norm, prod, reduce, softmax, std, sum, var)
 from .activations import gelu, relu, sigmoid, softplus  # noqa: F401
-from .indexing import gather, getitem, repeat, scatter_add, take, take_along_axis  # noqa: F401
+from .indexing import gather, getitem, one_hot, repeat, scatter_add, take, take_along_axis  # noqa: F401
 from .linalg import dot, einsum, inner, matmul, matmul_nd, outer, tensordot  # noqa: F401
 from .constants import full_like, ones_like, zeros_like  # noqa: F401

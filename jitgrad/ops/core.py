@@ -87,8 +87,24 @@ def elementwise(prim: P.Primitive, numpy_fn: Any, *xs: ArrayLike, compute_dtype:
     dtype, weak = result_type(numpy_fn, *xs)
     check_computable(prim.name, dtype, xs)
     cdt = dtype if compute_dtype is None else compute_dtype
+    if not weak and cdt.kind in "iu":
+        xs = tuple(fitting_python_int(x, cdt) for x in xs)
     args = [broadcast_to(convert(x, cdt, weak), shape) for x in xs]
     return bind(prim, *args)
+
+
+def fitting_python_int(x: ArrayLike, dtype: np.dtype) -> ArrayLike:
+    """NEP 50: a Python int meeting an array of integer `dtype` must fit it, or numpy raises OverflowError.
+    A constant is checked now; a Python int argument by a step at every call."""
+    a = aval_of(x)
+    if not a.weak or a.dtype.kind not in "iu" or a.dtype == dtype:
+        return x
+    if isinstance(x, Tracer):
+        return bind(P.check_int_range_p, x, dtype=dtype)
+    info = np.iinfo(dtype)
+    if not info.min <= int(x) <= info.max:
+        raise OverflowError(f"Python integer {int(x)} out of bounds for {dtype}{where_text()}")
+    return x
 
 
 def check_computable(op: str, dtype: np.dtype, xs: Sequence[ArrayLike]) -> None:
@@ -98,8 +114,12 @@ def check_computable(op: str, dtype: np.dtype, xs: Sequence[ArrayLike]) -> None:
 
 
 def compare(prim: P.Primitive, numpy_fn: Any, x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Comparisons: operands promoted to their common type, result bool."""
+    """Comparisons: operands promoted to their common type, result bool. A Python int compares exactly with
+    an integer array it does not fit (as numpy's do): both are then compared as int64."""
     common, weak = result_type(np.add, x, y)
+    if not weak and common.kind in "iu" and common.itemsize < 8 and any(
+            aval_of(v).weak and aval_of(v).dtype.kind in "iu" for v in (x, y)):
+        common = np.dtype(np.int64)
     shape = broadcast_shapes(prim.name, x, y)
     return bind(prim, *[broadcast_to(convert(v, common, weak), shape) for v in (x, y)])
 

@@ -8,8 +8,9 @@ import numpy as np
 
 from .. import primitives as P
 from ..errors import ShapeError, TraceError, UnsupportedError
-from ..tracing import Tracer, bind, where_text
+from ..tracing import Tracer, bind, constant_of, where_text
 from .core import ArrayLike, aval_of, broadcast_to, normalize_axes
+from .elementwise import astype, equal
 from .shapes import expand_dims, ravel, reshape, slice_region, transpose
 
 
@@ -19,6 +20,7 @@ def repeat(x: ArrayLike, repeats: Any, axis: Any = None) -> ArrayLike:
         x, axis = ravel(x), 0
     shape = aval_of(x).shape
     (ax,) = normalize_axes("repeat", shape, axis)
+    repeats = constant_of(repeats)
     if isinstance(repeats, Tracer):
         raise UnsupportedError(f"repeat: traced repeats give a data-dependent shape; pass constant counts"
                                f"{where_text()}")
@@ -46,6 +48,8 @@ def scatter_add(g: ArrayLike, indices: Sequence[ArrayLike], shape: Sequence[int]
 
 def _index_array(k: Any, shape: tuple[int, ...]) -> Any:
     """An integer index array (traced, or a constant as int64); anything else is a mistake we name."""
+    if isinstance(k, Tracer) and k.dtype == np.bool_:
+        k = constant_of(k)  # a mask read from outside the arguments shapes the trace: a guarded constant
     if isinstance(k, Tracer):
         if k.dtype == np.bool_:
             raise UnsupportedError(f"indexing an array of shape {shape} with a traced boolean mask gives a "
@@ -134,6 +138,7 @@ def _basic_pick(kind: str, v: Any, axis: int, shape: tuple[int, ...]) -> tuple[i
     """(start, step, length) a slice, an int or an index array (the whole axis) selects from `axis`."""
     n = shape[axis]
     if kind == "slice":
+        v = slice(*(constant_of(b) for b in (v.start, v.stop, v.step)))
         if builtins.any(isinstance(b, Tracer) for b in (v.start, v.stop, v.step)):
             raise UnsupportedError(f"slice bounds must be Python ints, not traced values (array of shape {shape})"
                                    f"{where_text()}")
@@ -214,6 +219,17 @@ def take_along_axis(x: ArrayLike, indices: Any, axis: Any) -> ArrayLike:
     key = tuple(idx if k == ax else np.arange(d).reshape([-1 if j == k else 1 for j in range(len(shape))])
                 for k, d in enumerate(shape))
     return getitem(x, key)
+
+
+def one_hot(indices: ArrayLike, n: int, dtype: Any = np.float64) -> ArrayLike:
+    """Rows of the n x n identity picked by integer `indices` (an index outside [0, n) gives a zero row,
+    as jax.nn.one_hot): `np.eye(n)[y]` written as a comparison, which fuses and needs no gather."""
+    if not isinstance(n, (int, np.integer)) or n < 0:
+        raise ShapeError(f"one_hot: n must be a non-negative int, got {n!r}{where_text()}")
+    if aval_of(indices).dtype.kind not in "iu":
+        raise TraceError(f"one_hot: indices must be integers, got {aval_of(indices)}{where_text()}")
+    hit = equal(expand_dims(indices, -1), np.arange(int(n)))
+    return astype(hit, dtype)
 
 
 def _tracer_iter(t: Tracer) -> Any:

@@ -8,15 +8,16 @@ import numpy as np
 
 from .. import primitives as P
 from ..errors import ShapeError, UnsupportedError
-from ..tracing import Tracer, bind, where_text
+from ..tracing import Tracer, bind, constant_of, where_text
 from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes
 
 
 def reshape(x: ArrayLike, shape: Any) -> ArrayLike:
     a = aval_of(x)
+    shape = constant_of(shape)
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    shape = tuple(shape)
+    shape = tuple(constant_of(d) for d in shape)
     if any(isinstance(d, Tracer) for d in shape):
         raise UnsupportedError(f"reshape: sizes must be Python ints, not traced values{where_text()}")
     if shape.count(-1) > 1:
@@ -129,6 +130,7 @@ def pad(x: ArrayLike, pad_width: Any, mode: str = "constant", constant_values: A
     a = aval_of(x)
     if mode != "constant":
         raise UnsupportedError(f"pad: mode={mode!r} is not supported (only 'constant'){where_text()}")
+    constant_values, pad_width = constant_of(constant_values), constant_of(pad_width)
     if isinstance(constant_values, Tracer) or np.ndim(constant_values) != 0:
         raise UnsupportedError(f"pad: constant_values must be one constant number, got {constant_values!r}"
                                f"{where_text()}")

@@ -1,0 +1,170 @@
+"""Arrays a traced function reads from outside its arguments (closures, globals, attributes, dict and
+list entries, default arguments) are read again at every call: updates in place and rebinding both
+show, computations on them are traced, and a change of shape re-traces."""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+import pytest
+
+import jitgrad as jg
+from jitgrad.errors import ConcretizationError
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((5, 4))
+W0 = RNG.standard_normal((4, 3))
+GLOBAL_W = W0.copy()
+Params = namedtuple("Params", "W b")
+GLOBAL_PARAMS = Params(W0.copy(), np.zeros(3))
+
+
+def global_loss(x):
+    return np.sum(np.tanh(x @ GLOBAL_W))
+
+
+def namedtuple_loss(x):
+    return np.sum(x @ GLOBAL_PARAMS.W + GLOBAL_PARAMS.b)
+
+
+def test_closure_array_updated_in_place_and_rebound() -> None:
+    w = W0.copy()
+    f = jg.trace(lambda x: np.sum(x @ w))
+    assert f(X) == pytest.approx(np.sum(X @ w))
+    w *= 2
+    assert f(X) == pytest.approx(np.sum(X @ w))
+    w = W0 * 3  # rebinding the closure variable
+    assert f(X) == pytest.approx(np.sum(X @ w))
+    assert f.cache_info()["misses"] == 1  # same shape: the plan reads the new array, no re-trace
+
+
+def test_global_array_rebound_and_updated() -> None:
+    global GLOBAL_W
+    f = jg.trace(global_loss)
+    value, grad = f.value_and_grad(X)
+    assert value == pytest.approx(np.sum(np.tanh(X @ GLOBAL_W)))
+    GLOBAL_W = GLOBAL_W * 0.5
+    for _ in range(3):  # the repeat-call fast path reads it too
+        value, (grad,) = f.value_and_grad(X)
+        assert value == pytest.approx(np.sum(np.tanh(X @ GLOBAL_W)))
+        np.testing.assert_allclose(grad, (1 - np.tanh(X @ GLOBAL_W) ** 2) @ GLOBAL_W.T, rtol=1e-12)
+    GLOBAL_W += 1.0
+    assert f(X) == pytest.approx(np.sum(np.tanh(X @ GLOBAL_W)))
+
+
+class Layer:
+    """A PyTorch-style model: parameters are attributes an optimizer updates."""
+
+    def __init__(self) -> None:
+        self.W = W0.copy()
+        self.log_scale = np.zeros(3)
+
+    def loss(self, x):
+        return np.sum(np.tanh(x @ self.W.T.T) * np.exp(self.log_scale))
+
+
+def _layer_reference(layer: Layer, x: np.ndarray) -> float:
+    return float(np.sum(np.tanh(x @ layer.W) * np.exp(layer.log_scale)))
+
+
+def test_attributes_and_computations_on_them_are_read_at_every_call() -> None:
+    layer = Layer()
+    f = jg.trace(layer.loss)
+    W_before = layer.W
+    for step in range(4):
+        value, gx = f.value_and_grad(X)
+        assert value == pytest.approx(_layer_reference(layer, X), rel=1e-12)
+        if step % 2:
+            layer.W -= 0.1 * W0  # in place, as an optimizer step
+        else:
+            layer.W = layer.W * 0.9  # rebinding, as a functional update
+        layer.log_scale = layer.log_scale + 0.5
+    assert W_before is not layer.W and isinstance(layer.W, np.ndarray)  # the trace put the arrays back
+    assert f.cache_info()["misses"] == 1
+
+
+def test_dict_list_and_namedtuple_entries() -> None:
+    global GLOBAL_PARAMS
+    params = {"W": W0.copy()}
+    layers = [W0.copy()]
+    f = jg.trace(lambda x: np.sum(x @ params["W"]) + np.sum(x @ layers[0]))
+    assert f(X) == pytest.approx(2 * np.sum(X @ W0))
+    params["W"] = W0 * 4
+    layers[0] *= -1
+    assert f(X) == pytest.approx(np.sum(X @ (W0 * 4)) - np.sum(X @ W0))
+    g = jg.trace(namedtuple_loss)
+    assert g(X) == pytest.approx(np.sum(X @ W0))
+    GLOBAL_PARAMS = Params(W0 * 2, np.ones(3))
+    assert g(X) == pytest.approx(np.sum(X @ (W0 * 2) + 1))
+
+
+def test_a_new_shape_retraces() -> None:
+    params = {"W": W0.copy()}
+    f = jg.trace(lambda x: np.sum(x @ params["W"]))
+    f(X)
+    params["W"] = np.ones((4, 7))
+    assert f(X) == pytest.approx(np.sum(X @ np.ones((4, 7))))
+    info = f.cache_info()
+    assert info["misses"] == 2 and info["entries"] == 1
+
+
+def test_default_arguments_and_helpers_reading_globals() -> None:
+    scale = np.full(3, 2.0)
+
+    def helper(x):
+        return x @ GLOBAL_W
+
+    def loss(x, s=scale):
+        return np.sum(helper(x) * s)
+
+    f = jg.trace(loss)
+    assert f(X) == pytest.approx(np.sum(X @ GLOBAL_W * 2))
+    scale[:] = 5.0
+    assert f(X) == pytest.approx(np.sum(X @ GLOBAL_W * 5))
+
+
+def test_nested_transformations_and_forward_backward_read_captured_arrays() -> None:
+    w = W0.copy()
+    outer = jg.trace(lambda x: jg.grad(lambda y: np.sum(np.sin(y @ w)))(x).sum())
+    expected = lambda: np.sum(np.cos(X @ w) @ w.T)  # noqa: E731
+    assert outer(X) == pytest.approx(expected())
+    w *= 0.5
+    assert outer(X) == pytest.approx(expected())
+    f = jg.trace(lambda x: np.sum(np.sin(x @ w)))
+    out, ctx = f.forward(X)
+    (gx,) = f.backward(ctx, 1.0)
+    np.testing.assert_allclose(gx, np.cos(X @ w) @ w.T, rtol=1e-12)
+
+
+def test_captured_values_that_shape_the_trace_are_guarded_by_value() -> None:
+    mask = np.array([True, False, True, True, False])
+    counts = np.array([1, 2, 1])
+    f = jg.trace(lambda x: np.sum(x[mask]) + np.sum(np.repeat(x[0, :3], counts)))
+    assert f(X) == pytest.approx(np.sum(X[mask]) + np.sum(np.repeat(X[0, :3], counts)))
+    mask[1] = True
+    counts[0] = 3
+    assert f(X) == pytest.approx(np.sum(X[mask]) + np.sum(np.repeat(X[0, :3], counts)))
+    assert f.cache_info()["misses"] == 2
+
+
+def test_python_numbers_in_closures_are_constants_of_the_trace() -> None:
+    """The documented rule: Python numbers and numpy scalars are read when the function is traced."""
+    scale = 2.0
+    f = jg.trace(lambda x: np.sum(x) * scale)
+    first = f(X)
+    scale = 3.0
+    assert f(X) == first
+
+
+def test_control_flow_on_a_large_captured_array_says_what_to_do() -> None:
+    big = np.ones(1 << 17)
+    f = jg.trace(lambda x: np.sum(x) if big.sum() > 0 else np.sum(-x))
+    with pytest.raises(ConcretizationError, match="closure, globals or attributes are traced values too"):
+        f(X)
+
+
+def test_functions_without_captured_arrays_keep_an_empty_capture_list() -> None:
+    f = jg.trace(lambda x, w: np.sum(x @ w))
+    f(X, W0)
+    (plan,) = f._plans.values()
+    assert not plan.captures

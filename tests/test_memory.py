@@ -1,0 +1,112 @@
+"""Memory stays bounded when shapes vary: per-function plan caches are least-recently-used with a limit,
+pooled output buffers are bounded in bytes and released with their plans, and the caches can be cleared."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import jitgrad as jg
+from jitgrad import api, buffers
+
+
+def test_varying_shapes_keep_rss_bounded(tmp_path) -> None:
+    """The loop of the issue: 100 lengths of one function, each result dropped (a fresh interpreter, so the
+    resident size measures only this)."""
+    script = textwrap.dedent("""
+        import numpy as np, jitgrad as jg
+        def rss_mb():
+            return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+        f = jg.trace(lambda a: np.sum(a * a))
+        v, g = f.value_and_grad(np.ones(400_000)); del v, g
+        start = rss_mb()
+        for n in range(500_000, 600_000, 1000):
+            v, g = f.value_and_grad(np.ones(n)); del v, g
+        grown = rss_mb() - start
+        info = f.cache_info()
+        jg.clear_caches()
+        print(grown, info["entries"], info["misses"], rss_mb() - start)
+        """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JITGRAD_MAX") and k != "JITGRAD_BUFFER_POOL_MB"}
+    env["JITGRAD_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    grown, entries, misses, after_clear = out.stdout.split()
+    assert float(grown) < 150
+    assert int(entries) == api.DEFAULT_MAX_PLANS and int(misses) == 101
+    assert float(after_clear) < float(grown)
+
+
+def test_plan_cache_is_least_recently_used(monkeypatch) -> None:
+    monkeypatch.setenv("JITGRAD_MAX_PLANS", "3")
+    f = jg.trace(lambda a: np.sum(a * 2))
+    arrays = [np.ones(n) for n in (2, 3, 4, 5)]
+    for a in arrays[:3]:
+        f(a)
+    f(arrays[0])  # the oldest becomes the most recent
+    f(arrays[3])  # evicts length 3, the least recently used
+    assert f.cache_info()["entries"] == 3
+    misses = f.cache_info()["misses"]
+    f(arrays[0])
+    assert f.cache_info()["misses"] == misses
+    assert f(arrays[1]) == 6.0
+    assert f.cache_info()["misses"] == misses + 1
+
+
+def test_clear_cache_drops_plans_and_buffers() -> None:
+    f = jg.trace(lambda a: np.sum(np.sin(a) * a))
+    x = np.ones(200_000)
+    f.value_and_grad(x)
+    f.value_and_grad(x)
+    assert buffers.budget.held > 0
+    f.clear_cache()
+    assert f.cache_info()["entries"] == 0
+    value, (grad,) = f.value_and_grad(x)
+    np.testing.assert_allclose(grad, np.cos(x) * x + np.sin(x))
+    jg.clear_caches()
+    assert buffers.budget.held == 0 and f.cache_info()["entries"] == 0
+
+
+def test_pooled_bytes_respect_the_limit(monkeypatch) -> None:
+    jg.clear_caches()
+    monkeypatch.setenv("JITGRAD_BUFFER_POOL_MB", "2")
+    f = jg.trace(lambda a: np.sum(np.exp(a) * a))
+    for n in (100_000, 120_000, 140_000, 160_000):  # 0.8-1.3 MB gradients: at most about two fit
+        x = np.linspace(0, 1, n)
+        for _ in range(3):
+            value, (grad,) = f.value_and_grad(x)
+            np.testing.assert_allclose(grad, np.exp(x) * (x + 1), rtol=1e-12)
+        assert buffers.budget.held <= 2 * 2**20
+    monkeypatch.setenv("JITGRAD_BUFFER_POOL_MB", "0")
+    jg.clear_caches()
+    f.value_and_grad(np.ones(100_000))
+    assert buffers.budget.held == 0
+
+
+def test_a_result_the_user_keeps_is_never_reused() -> None:
+    f = jg.trace(lambda a: a * 2.0)
+    x = np.ones(100_000)
+    kept = [f(x) for _ in range(5)]
+    view = f(x)[10:]
+    later = f(x + 1)
+    assert all(np.all(k == 2.0) for k in kept) and np.all(view == 2.0) and np.all(later == 4.0)
+
+
+def test_reference_counts_show_sole_ownership_on_this_interpreter() -> None:
+    """The rule buffer reuse relies on is checked at import; on this interpreter it holds, so pooling is on."""
+    assert buffers._sole_ownership_is_visible() is buffers.POOLING
+    if sys.implementation.name == "cpython" and sys.version_info < (3, 14):
+        assert buffers.POOLING
+
+
+@pytest.mark.parametrize("name, value", [("JITGRAD_MAX_PLANS", "zero"), ("JITGRAD_BUFFER_POOL_MB", "-1")])
+def test_bad_settings_fall_back_to_the_defaults(monkeypatch, caplog, name, value) -> None:
+    monkeypatch.setenv(name, value)
+    with caplog.at_level("WARNING"):
+        limit = api.max_plans() if name == "JITGRAD_MAX_PLANS" else buffers.pool_limit_bytes()
+    assert limit == (api.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else int(buffers.DEFAULT_POOL_MB * 2**20))
+    assert name in caplog.text
