@@ -24,6 +24,9 @@ def cache_info(_: argparse.Namespace) -> int:
     state = "on" if facts["enabled"] else "off (JITGRAD_CACHE=0)"
     print(f"location: {facts['location']}")
     print(f"cache: {state}; this installation uses {facts['current']}/")
+    if facts["refused"]:
+        print(f"refused: {facts['refused']}; kernels are compiled in memory only until it is fixed "
+              f"(see docs/caching.md, trust model)")
     print(f"size: {_size(facts['size'])} in {facts['entries']} kernel(s); limit {_size(facts['max_bytes'])} "
           f"(JITGRAD_CACHE_MAX_MB), least recently used evicted first")
     for v in facts["versions"]:

@@ -1,11 +1,17 @@
 """The on-disk kernel cache: where it lives, what its directory is keyed on, verified atomic entry
-files, least-recently-used eviction, and one warning when the disk cannot be used.
+files, least-recently-used eviction, and one warning when the disk cannot be used. Over 400 lines:
+its file format, trust checks and eviction stay in one module so that its security rules can be
+read together.
 
 Layout: `<base>/<version tag>/jitgrad_kernel_<source hash>.py` (the generated source, for people
 and tracebacks) beside `jitgrad_kernel_<source hash>.<function>.<signature hash>.nbk` (machine
 code, one file per compiled signature). A kernel "entry" is every file sharing the
 `jitgrad_kernel_<source hash>` stem; eviction removes whole entries, oldest use first. This module
 knows files only: `jitgrad.kernels.compiler` decides what goes into them.
+
+Machine code is unpickled, so a file is loaded only if its checksum, the key stored inside it and
+its owner say it is this installation's entry for that key, written by this user (or root): the
+directories are made 0700, and one that others can write or another user owns is refused.
 """
 from __future__ import annotations
 
@@ -13,26 +19,36 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import stat
 import sys
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NoReturn
 
 ENTRY_PREFIX = "jitgrad_kernel_"
 DEFAULT_MAX_MB = 512.0
-_MAGIC = b"JGK1"
+_MAGIC = b"JGK2"
 _DIGEST_BYTES = 32
+_KEY_LENGTH_BYTES = 4
+_PRIVATE_DIR = 0o700
+_PRIVATE_FILE = 0o600
 
 log = logging.getLogger("jitgrad.cache")
 _lock = threading.Lock()
 _unusable: set[str] = set()  # directories this process failed to write: warned once, never written again
+_untrusted: set[str] = set()  # directories refused for their owner or mode: warned once, never read or written
 _warned_settings: set[str] = set()
 
 
 class CacheWarning(UserWarning):
     """The kernel cache cannot be used as configured; jitgrad carries on without it."""
+
+
+class EntryRejected(Exception):
+    """A machine code file exists but must not be loaded: damaged, another key's, or not ours."""
 
 
 def enabled() -> bool:
@@ -58,18 +74,66 @@ def version_tag() -> str:
 
 
 def directory() -> str | None:
-    """The directory for this process's entries, created on demand; None when the cache is off or
-    the directory does not exist and cannot be made (after one `CacheWarning`). A directory that
-    cannot be written is still returned: its entries load, nothing new is stored."""
+    """The directory for this process's entries, created 0700 on demand; None when the cache is off,
+    the directory does not exist and cannot be made, or it is not trusted (the last two after one
+    `CacheWarning`). A directory that cannot be written is still returned: its entries load, nothing
+    new is stored."""
     if not enabled():
         return None
-    path = os.path.join(base_dir(), version_tag())
-    if usable(path):
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as exc:
-            mark_unusable(path, exc)
-    return path if os.path.isdir(path) else None
+    base = base_dir()
+    path = os.path.join(base, version_tag())
+    if path in _untrusted:
+        return None
+    for folder in (base, path):
+        if usable(path):
+            try:
+                os.makedirs(folder, mode=_PRIVATE_DIR, exist_ok=True)
+            except OSError as exc:
+                mark_unusable(path, exc)
+        if not os.path.isdir(folder):
+            return None
+        problem = trust_problem(folder)
+        if problem is not None:
+            refuse(path, folder, problem)
+            return None
+    return path
+
+
+def ownership_problem(st: os.stat_result) -> str | None:
+    """Why a file or directory with this status could hold code from someone other than this user
+    or root (None when it cannot): another owner, or group/other write permission."""
+    if not hasattr(os, "geteuid"):  # no POSIX owners and modes (Windows): nothing to check
+        return None
+    uid = os.geteuid()
+    if st.st_uid not in (uid, 0):
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {uid}){' or root' if uid else ''}"
+    writers = [who for who, bit in (("its group", stat.S_IWGRP), ("other users", stat.S_IWOTH)) if st.st_mode & bit]
+    if writers:
+        return f"{' and '.join(writers)} can write it (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def trust_problem(folder: str) -> str | None:
+    """Why entries in `folder` must not be loaded, or None when only this user or root can write it."""
+    try:
+        return ownership_problem(os.stat(folder))
+    except OSError as exc:
+        return f"its owner and mode cannot be read ({exc.strerror or exc})"
+
+
+def refuse(path: str, folder: str, problem: str) -> None:
+    """Use no entries of `path` (neither load nor write) for the rest of the process, warning once."""
+    with _lock:
+        if path in _untrusted:
+            return
+        _untrusted.add(path)
+    warnings.warn(f"jitgrad will not use its kernel cache at {folder}: {problem}. Cached kernels are pickled "
+                  f"machine code, so whoever can write there could run code as you; compiled kernels are kept "
+                  f"in memory for this process only. Point JITGRAD_CACHE_DIR at a directory only you can write "
+                  f"(jitgrad makes a new one private), take group and other write permission away from this "
+                  f"one if it is meant to be yours alone (chmod go-w {folder}), or set JITGRAD_CACHE=0 to run "
+                  f"without the disk cache.",
+                  CacheWarning, stacklevel=3)
 
 
 def usable(path: str) -> bool:
@@ -124,10 +188,10 @@ def write_atomic(path: str, data: bytes) -> bool:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
         try:
-            fd = os.open(tmp, flags, 0o644)
+            fd = os.open(tmp, flags, _PRIVATE_FILE)
         except FileNotFoundError:  # the directory was removed (`cache clear` elsewhere): make it again
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(tmp, flags, 0o644)
+            os.makedirs(folder, mode=_PRIVATE_DIR, exist_ok=True)
+            fd = os.open(tmp, flags, _PRIVATE_FILE)
     except OSError as exc:
         mark_unusable(folder, exc)
         return False
@@ -169,31 +233,54 @@ def write_source(path: str, source: str) -> bool:
     return write_atomic(path, data)
 
 
-def write_entry(path: str, payload: bytes) -> bool:
-    """Store `payload` with a magic number and its SHA-256, so `read_entry` can tell it is whole."""
-    return write_atomic(path, _MAGIC + hashlib.sha256(payload).digest() + payload)
+def write_entry(path: str, key: str, payload: bytes) -> bool:
+    """Store `key` and `payload` behind a magic number and their SHA-256, so `read_entry` can tell the
+    file is whole and is the entry of the key it looks up, whatever its name."""
+    encoded = key.encode()
+    body = len(encoded).to_bytes(_KEY_LENGTH_BYTES, "big") + encoded + payload
+    return write_atomic(path, _MAGIC + hashlib.sha256(body).digest() + body)
 
 
-def read_entry(path: str) -> bytes | None:
-    """The payload stored at `path`; None if absent. A truncated or damaged file is deleted (it is
-    rebuilt by the caller) and logged as a warning."""
+def read_entry(path: str, key: str) -> bytes | None:
+    """The payload stored at `path` for `key`; None if there is no file. A file that is damaged,
+    holds another key's entry, or that someone other than this user or root could have written is
+    logged as a warning, deleted (the caller rebuilds it) and raises `EntryRejected`."""
     try:
         with open(path, "rb") as fh:
+            problem = ownership_problem(os.fstat(fh.fileno()))
+            if problem is not None:
+                _reject(path, f"is not trusted: {problem}")
             data = fh.read()
     except FileNotFoundError:
         return None
     except OSError as exc:
-        log.warning("cannot read cache entry %s (%s); recompiling", path, exc)
-        return None
+        _reject(path, f"cannot be read ({exc.strerror or exc})")
     head = len(_MAGIC) + _DIGEST_BYTES
-    payload = data[head:]
-    if (len(data) < head or data[:len(_MAGIC)] != _MAGIC
-            or hashlib.sha256(payload).digest() != data[len(_MAGIC):head]):
-        log.warning("cache entry %s is corrupted (%d bytes, checksum mismatch); discarding and recompiling",
-                    path, len(data))
-        discard(path)
-        return None
-    return payload
+    body = data[head:]
+    if (len(data) < head + _KEY_LENGTH_BYTES or data[:len(_MAGIC)] != _MAGIC
+            or hashlib.sha256(body).digest() != data[len(_MAGIC):head]):
+        _reject(path, f"is corrupted ({len(data)} bytes, checksum mismatch)")
+    key_end = _KEY_LENGTH_BYTES + int.from_bytes(body[:_KEY_LENGTH_BYTES], "big")
+    stored = body[_KEY_LENGTH_BYTES:key_end]
+    if stored != key.encode():
+        _reject(path, f"holds the entry of another key (copied or renamed over this file): "
+                      f"{_difference(stored.decode(errors='replace'), key)}")
+    return body[key_end:]
+
+
+def _difference(stored: str, wanted: str, context: int = 60) -> str:
+    """Where two keys first differ, with a little of each around that point."""
+    at = next((i for i, (a, b) in enumerate(zip(stored, wanted)) if a != b), min(len(stored), len(wanted)))
+    start = max(0, at - context // 2)
+    return (f"from character {at} the file holds {stored[start:start + context]!r}, "
+            f"the key looked up is {wanted[start:start + context]!r}")
+
+
+def _reject(path: str, problem: str) -> NoReturn:
+    """Log, delete and refuse one machine code file."""
+    log.warning("cache entry %s %s; discarding it and recompiling", path, problem)
+    discard(path)
+    raise EntryRejected(f"{path} {problem}")
 
 
 def discard(path: str) -> None:
@@ -278,6 +365,8 @@ def enforce_limit(keep: str = "", limit: int | None = None) -> list[str]:
 
 @dataclass
 class VersionInfo:
+    """One version directory's kernels, compiled signatures and bytes, for `cache info`."""
+
     name: str
     entries: int
     compiled: int
@@ -296,7 +385,17 @@ def info() -> dict:
                                     os.path.basename(folder) == version_tag()))
     return {"location": base, "enabled": enabled(), "current": version_tag(), "max_bytes": max_bytes(),
             "versions": versions, "entries": sum(v.entries for v in versions),
-            "size": sum(v.size for v in versions)}
+            "size": sum(v.size for v in versions), "refused": _refusal(base)}
+
+
+def _refusal(base: str) -> str | None:
+    """Why a process would refuse the existing base or current version directory, or None."""
+    for folder in (base, os.path.join(base, version_tag())):
+        if os.path.isdir(folder):
+            problem = trust_problem(folder)
+            if problem is not None:
+                return f"{folder}: {problem}"
+    return None
 
 
 def clear() -> tuple[int, int]:

@@ -4,7 +4,8 @@ once per source, signature and CPU on a machine.
 A source runs as a module named by its content hash (`source_key`: the text and the jitgrad
 modules it imports, whose code numba compiles into the kernel). Machine code persists through
 `DiskCache`, numba's per-dispatcher cache protocol written over `jitgrad.cache`: one checksummed
-file per (function, numba options, argument types, CPU), renamed into place. numba's own
+file per (function, numba options, argument types, CPU), renamed into place, holding its full key
+so a file copied or renamed over another is a miss, never another kernel's code. numba's own
 `cache=True` is not used because its per-function index is read-modified-written without a lock
 (two processes can drop each other's entries or pair an index slot with another signature's
 code) and a damaged index or data file raises instead of recompiling. numba's compile event says
@@ -45,8 +46,14 @@ log = logging.getLogger("jitgrad.compile")
 cache_log = logging.getLogger("jitgrad.cache")
 _lock = threading.RLock()
 _modules: dict[str, "CompiledSource"] = {}
-_STATS = {"kernels_loaded": 0, "numba_compiles": 0, "builds": 0, "disk_hits": 0, "disk_writes": 0}
+_STATS = {"kernels_loaded": 0, "signatures": 0, "builds": 0, "disk_hits": 0, "disk_writes": 0, "disk_rejected": 0}
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import|import[ \t]+([\w.]+))", re.MULTILINE)
+
+
+def _count(key: str) -> None:
+    """Add one to a process-wide counter of `stats()`."""
+    with _lock:
+        _STATS[key] += 1
 
 
 # ---------------------------------------------------------------------- keys
@@ -127,19 +134,32 @@ class DiskCache(_Cache):
     def cache_path(self) -> str:
         return self._folder
 
+    def entry_key(self, sig: Any, codegen: Any) -> str:
+        """Everything the machine code for `sig` depends on: the jitgrad, numba and Python versions,
+        the kernel's source hash and function, its numba options, the argument types, numba's magic
+        tuple of the CPU (target triple, CPU name, CPU features), and numba's OPT and BOUNDSCHECK."""
+        return repr((cache.version_tag(), self._stem, self._options, str(sig), codegen.magic_tuple(),
+                     numba_config.OPT, numba_config.BOUNDSCHECK))
+
     def entry_path(self, sig: Any, codegen: Any) -> str:
-        """The file for `sig` on this CPU: numba's magic tuple is (target triple, CPU name, CPU features)."""
-        ident = repr((self._stem, self._options, str(sig), codegen.magic_tuple(), numba_config.OPT,
-                      numba_config.BOUNDSCHECK))
-        return os.path.join(self._folder, f"{self._stem}.{hashlib.sha256(ident.encode()).hexdigest()[:20]}.nbk")
+        """The file for `sig` on this CPU, named by a hash of its key (the key itself is inside)."""
+        digest = hashlib.sha256(self.entry_key(sig, codegen).encode()).hexdigest()[:20]
+        return os.path.join(self._folder, f"{self._stem}.{digest}.nbk")
 
     def load_overload(self, sig: Any, target_context: Any) -> CompileResult | None:
+        """The machine code for `sig` from disk, or None (numba then compiles): absent, or rejected
+        for damage, another key or another owner (counted in `disk_rejected`)."""
         if not self._enabled:
             return None
         start = time.perf_counter()
         rtsys.initialize(target_context)
-        path = self.entry_path(sig, target_context.codegen())
-        payload = cache.read_entry(path)
+        codegen = target_context.codegen()
+        path, key = self.entry_path(sig, codegen), self.entry_key(sig, codegen)
+        try:
+            payload = cache.read_entry(path, key)
+        except cache.EntryRejected:
+            _count("disk_rejected")
+            return None
         if payload is None:
             return None
         try:
@@ -147,19 +167,18 @@ class DiskCache(_Cache):
         except Exception as exc:  # a whole entry numba cannot rebuild: recompile rather than fail
             cache_log.warning("cannot load %s (%s: %s); recompiling", path, type(exc).__name__, exc)
             cache.discard(path)
+            _count("disk_rejected")
             return None
-        with _lock:
-            _STATS["disk_hits"] += 1
+        _count("disk_hits")
         cache_log.debug("loaded %s from %s in %.1f ms", self._stem, path, 1e3 * (time.perf_counter() - start))
         return cres
 
     def save_overload(self, sig: Any, cres: CompileResult) -> None:
         if not self._enabled or any(not f.can_cache for f in cres.lifted) or cres.library.has_dynamic_globals:
             return
-        path = self.entry_path(sig, cres.codegen)
-        if cache.write_entry(path, dumps(cres._reduce())):
-            with _lock:
-                _STATS["disk_writes"] += 1
+        path, key = self.entry_path(sig, cres.codegen), self.entry_key(sig, cres.codegen)
+        if cache.write_entry(path, key, dumps(cres._reduce())):
+            _count("disk_writes")
             cache.enforce_limit(keep=self._stem.split(".", 1)[0])
 
     def enable(self) -> None:
@@ -222,8 +241,7 @@ class _CompileLog(numba_event.Listener):
         if tuple(event.data["args"]) not in dispatcher.overloads:  # numba raised: the error reaches the caller
             log.warning("compiling %s failed after %.2f s", label, seconds)
             return
-        with _lock:
-            _STATS["builds"] += 1
+        _count("builds")
         log.info("compiled %s in %.2f s", label, seconds)
 
 
@@ -269,7 +287,7 @@ class CompiledSource:
         with _lock:
             new = len(self.functions[variant].overloads) - self._counted.get(variant, 0)
             if new > 0:
-                _STATS["numba_compiles"] += new
+                _STATS["signatures"] += new
                 self._counted[variant] = len(self.functions[variant].overloads)
 
     def call(self, variant: str, args: list[Any]) -> None:
@@ -368,7 +386,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def stats() -> dict[str, int]:
-    """Process-wide counters: kernel sources loaded, new dispatcher signatures (`numba_compiles`,
-    compiled or read from disk), machine code `builds`, and disk cache hits and writes."""
+    """Process-wide counters, shared by every traced function (see docs/caching.md, counters):
+    `sources` kernel sources held and `kernels_loaded` made into modules; `builds` machine code
+    compiled by numba, `disk_hits` machine code loaded from the disk cache instead, `signatures`
+    the two together (new argument signatures of kernel dispatchers; `numba_compiles` is its former
+    name, kept for existing callers); `disk_writes` entries stored and `disk_rejected` entries found
+    but refused (damaged, another key's, another owner's, or unloadable), each then built."""
     with _lock:
-        return dict(_STATS, sources=len(_modules))
+        return dict(_STATS, sources=len(_modules), numba_compiles=_STATS["signatures"])

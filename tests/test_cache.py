@@ -1,5 +1,6 @@
 """The persistent kernel cache across processes: sharing one directory, damaged entries, a read-only
-or full disk, a different CPU, turning it off, the size limit, the command line, and the key."""
+or full disk, a different CPU, turning it off, the size limit, the command line, the key, and the
+compiler's counters (tests/test_cache_trust.py: swapped entries and directories others can write)."""
 import errno
 import json
 import os
@@ -101,6 +102,7 @@ def test_cold_process_compiles_logs_and_writes_entries(populated) -> None:
     folder, result = populated
     stats = result["stats"]
     assert stats["sources"] == 2 and stats["builds"] == 4 and stats["disk_hits"] == 0 and stats["disk_writes"] == 4
+    assert stats["signatures"] == stats["numba_compiles"] == 4 and stats["disk_rejected"] == 0
     compiled_lines = [l for l in result["stderr"].splitlines() if "INFO compiled kernel" in l]
     assert len(compiled_lines) == 4 and all(l.endswith(" s") for l in compiled_lines), result["stderr"]
     assert "still compiling kernel" in result["stderr"]
@@ -112,17 +114,19 @@ def test_cold_process_compiles_logs_and_writes_entries(populated) -> None:
 def test_warm_process_loads_everything_from_disk(populated, tmp_path) -> None:
     folder = tmp_path / "cache"
     shutil.copytree(populated[0], folder)
-    stats = run_child(folder, JITGRAD_LOG="compile")
-    assert stats["stats"]["builds"] == 0 and stats["stats"]["disk_hits"] == 4
-    assert "compiled kernel" not in stats["stderr"]
+    result = run_child(folder, JITGRAD_LOG="compile")
+    stats = result["stats"]
+    assert stats["builds"] == 0 and stats["disk_hits"] == 4 and stats["disk_writes"] == 0
+    assert stats["signatures"] == stats["numba_compiles"] == 4 and stats["disk_rejected"] == 0  # loads are no builds
+    assert "compiled kernel" not in result["stderr"]
 
 
 def test_two_processes_compiling_into_one_directory_at_once(tmp_path) -> None:
     procs = [run_child(tmp_path, wait=False) for _ in range(2)]
     results = [finish(p) for p in procs]  # both correct (finish checks the error)
-    assert all(r["stats"]["builds"] + r["stats"]["disk_hits"] == 4 for r in results)
+    assert all(r["stats"]["builds"] + r["stats"]["disk_hits"] == 4 for r in results), results
     warm = run_child(tmp_path)
-    assert warm["stats"]["builds"] == 0 and warm["stats"]["disk_hits"] == 4
+    assert warm["stats"]["builds"] == 0 and warm["stats"]["disk_hits"] == 4, (results, warm)
     assert not [f for f in files(tmp_path) if ".tmp-" in f]
 
 
@@ -138,7 +142,7 @@ def test_damaged_entries_are_detected_and_rebuilt(populated, tmp_path) -> None:
     data[len(data) // 2] ^= 0xFF  # one flipped byte inside the machine code: same size, wrong checksum
     machine[1].write_bytes(bytes(data))
     result = run_child(folder, JITGRAD_LOG="cache")
-    assert result["stats"]["builds"] == 2 and result["stats"]["disk_hits"] == 2
+    assert result["stats"]["builds"] == 2 and result["stats"]["disk_hits"] == 2 and result["stats"]["disk_rejected"] == 2
     assert result["stderr"].count("is corrupted") == 2 and "did not match its hash" in result["stderr"]
     again = run_child(folder)
     assert again["stats"]["builds"] == 0 and again["stats"]["disk_hits"] == 4
@@ -294,6 +298,8 @@ def test_key_covers_code_helpers_versions_signature_options_and_cpu(monkeypatch)
 
     disk = compiler.DiskCache("/c", "jitgrad_kernel_k", "serial_kernel", {})
     sig = (numba.int64, numba.float32[::1])
+    key = disk.entry_key(sig, _Codegen("skylake"))
+    assert all(part in key for part in (tag, "jitgrad_kernel_k.serial_kernel", str(sig), "skylake"))
     base = disk.entry_path(sig, _Codegen("skylake"))
     assert base == disk.entry_path(sig, _Codegen("skylake"))
     assert base != disk.entry_path((numba.int64, numba.float64[::1]), _Codegen("skylake"))
@@ -306,13 +312,16 @@ def test_key_covers_code_helpers_versions_signature_options_and_cpu(monkeypatch)
 def test_entry_files_detect_every_truncation(tmp_path) -> None:
     path = str(tmp_path / (cache.ENTRY_PREFIX + "k.f.1.nbk"))
     payload = np.random.default_rng(0).bytes(1000)
-    assert cache.write_entry(path, payload)
-    assert cache.read_entry(path) == payload
+    assert cache.write_entry(path, "key", payload)
+    assert cache.read_entry(path, "key") == payload
     whole = open(path, "rb").read()
-    for cut in (0, 3, 36, len(whole) // 2, len(whole) - 1):
+    for cut in (0, 3, 36, 39, 40, len(whole) // 2, len(whole) - 1):
         with open(path, "wb") as fh:
             fh.write(whole[:cut])
-        assert cache.read_entry(path) is None and not os.path.exists(path)
+        with pytest.raises(cache.EntryRejected, match="is corrupted"):
+            cache.read_entry(path, "key")
+        assert not os.path.exists(path)
+    assert cache.read_entry(path, "key") is None  # no file: a plain miss
 
 
 def test_a_directory_cleared_by_another_process_is_made_again(tmp_path) -> None:
