@@ -17,21 +17,18 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from .api import Context, Traced, clear_caches, grad, trace, value_and_grad, vjp  # noqa: E402
 from .errors import (ConcretizationError, FunctionError, GradcheckError, InputError, JitgradError,  # noqa: E402
                      ShapeError, TraceError, UnsupportedError)
-from .ops import (absolute, add, arccos, arcsin, arcsinh, arctan, arctan2, arctanh, argmax, argmin,  # noqa: E402
-                  array_split, astype, broadcast_to, ceil, clip, concatenate, cos, cosh, divide, dot, einsum,
-                  equal, erf, exp, expand_dims, expm1, flip, floor, full_like, gelu, greater, greater_equal,
-                  hstack, inner, isfinite, isnan, less, less_equal, log, log1p, log_softmax, logical_and,
-                  logical_not, logical_or, logsumexp, matmul, max, maximum, mean, min, minimum, moveaxis,
-                  multiply, negative, norm, not_equal, one_hot, ones_like, outer, pad, power, prod, ravel, reciprocal,
-                  relu, repeat, reshape, rint, round, sigmoid, sign, sin, sinh, softmax, softplus, split,
-                  sqrt, square, squeeze, stack, std, stop_gradient, subtract, sum, swapaxes, take,
-                  take_along_axis, tan, tanh, tensordot, tile, transpose, var, vstack, where, zeros_like)
+from . import numpy_api as _numpy_api  # noqa: E402,F401  (registers every op and numpy's protocols on traced arrays)
+from .dispatch import EXPORTS as _EXPORTS  # noqa: E402
 from .tracing import no_grad  # noqa: E402
 from .function import Function, FunctionCtx  # noqa: E402
 from .gradcheck import gradcheck, gradgradcheck, jacobian  # noqa: E402
 
-abs = absolute
+globals().update(_EXPORTS)  # jg.<op> for every op the modules of jitgrad.ops declare (jg.sum, jg.gelu, ...)
 __version__ = "0.1.0"
+__all__ = ["Context", "Traced", "clear_caches", "grad", "trace", "value_and_grad", "vjp", "ConcretizationError",
+           "FunctionError", "GradcheckError", "InputError", "JitgradError", "ShapeError", "TraceError", "UnsupportedError",
+           "no_grad", "Function", "FunctionCtx", "gradcheck", "gradgradcheck", "jacobian"]
+__all__.extend(sorted(_EXPORTS))
 
 
 def __getattr__(name: str) -> object:

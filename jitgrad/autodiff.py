@@ -14,8 +14,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import ops
-from .ir import Atom, Eqn, Graph, Literal, SourceInfo, Var, iter_vars, substitute
+from . import lax as L
+from .ir import Atom, Aval, Eqn, Graph, Literal, SourceInfo, Var, iter_vars, substitute
+from .primitive import Kind
 from .tracing import Builder, bind, building, current_builder
 
 
@@ -28,11 +29,7 @@ def replay(graph: Graph, env: dict[Var, Any]) -> None:
     for e in graph.eqns:
         ins = [read(a) for a in e.inputs]
         with recorded_at(builder, e.source):
-            if e.prim.kind == "custom":
-                outs = e.prim.impl_traced(ins, e)
-            else:
-                res = bind(e.prim, *ins, label=e.label, **e.params)
-                outs = res if isinstance(res, list) else [res]
+            outs = e.prim.replay(ins, e, bind)
         for v, o in zip(e.outs, outs):
             env[v] = o
 
@@ -61,8 +58,8 @@ def differentiable_vars(graph: Graph, wrt: Sequence[int]) -> set[Var]:
     return live
 
 
-def zeros(aval: Any) -> Any:
-    return ops.broadcast_to(np.zeros((), aval.dtype), aval.shape)
+def zeros(aval: Aval) -> Any:
+    return L.broadcast_to(np.zeros((), aval.dtype), aval.shape)
 
 
 def joint_vjp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
@@ -78,8 +75,8 @@ def joint_vjp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
         def accumulate(v: Var, g: Any) -> None:
             if g is None or v not in live:
                 return
-            g = ops.convert(g, v.aval.dtype, v.aval.weak)
-            ct[v] = g if v not in ct else ops.add(ct[v], g)
+            g = L.convert(g, v.aval.dtype, v.aval.weak)
+            ct[v] = g if v not in ct else L.add(ct[v], g)
 
         for out, g in zip(graph.outputs, cts_in):
             if isinstance(out, Var):
@@ -89,16 +86,14 @@ def joint_vjp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
                 continue
             if not any(isinstance(a, Var) and a in live for a in e.inputs):
                 continue
-            # a custom rule gets None for an output without a cotangent and decides what zero means
-            out_cts = [ct.get(o) if o in ct or e.prim.kind == "custom" else zeros(o.aval) for o in e.outs]
+            out_cts = [ct.get(o) for o in e.outs]  # None: no cotangent (the primitive decides what zero means)
             ins = [a.value if isinstance(a, Literal) else env[a] for a in e.inputs]
             outs = [env[o] for o in e.outs]
             previous = builder.label
-            builder.label = e.prim.label if e.prim.kind != "custom" else e.prim.backward_label_of(e)
+            builder.label = e.prim.label_of(e)
             try:
                 with recorded_at(builder, e.source):
-                    in_cts = e.prim.vjp(out_cts, ins, outs, **e.params) if e.prim.kind != "custom" \
-                        else e.prim.vjp_traced(out_cts, ins, outs, e)
+                    in_cts = e.prim.pullback(out_cts, ins, outs, e, zeros)
             finally:
                 builder.label = previous
             for a, g in zip(e.inputs, in_cts):
@@ -165,7 +160,7 @@ def _views_of_constants(eqns: list[Eqn], primals: set[Var]) -> list[Eqn]:
     cheap: set[Var] = set()
     found = []
     for e in eqns:
-        if e.prim.kind == "view" and all(isinstance(a, Literal) or a in primals or a in cheap for a in e.inputs):
+        if e.prim.kind is Kind.VIEW and all(isinstance(a, Literal) or a in primals or a in cheap for a in e.inputs):
             cheap.update(e.outs)
             found.append(e)
     return found

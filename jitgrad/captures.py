@@ -56,11 +56,16 @@ def is_user_file(filename: str | None) -> bool:
 
 
 def is_user_type(cls: type) -> bool:
-    """Is `cls` defined in `__main__` or in a user file?"""
+    """Is `cls` defined in `__main__`, in a user file, or by user code run from a string (its methods' code
+    says where)?"""
     name = getattr(cls, "__module__", None) or ""
     if name == "__main__":
         return True
-    return is_user_file(getattr(sys.modules.get(name), "__file__", None))
+    module = sys.modules.get(name)
+    if module is not None:
+        return is_user_file(getattr(module, "__file__", None))
+    codes = [getattr(getattr(m, "__func__", m), "__code__", None) for m in vars(cls).values()]
+    return any(c is not None and is_user_file(c.co_filename) for c in codes)
 
 
 # ---------------------------------------------------------------------- paths

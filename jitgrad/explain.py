@@ -15,10 +15,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import fusion, passes
-from .autodiff import SplitGraphs, joint_vjp_graph, with_unit_cotangent
+from . import fusion, programs
+from .autodiff import SplitGraphs
+from .captures import Captures
 from .errors import InputError
 from .ir import Atom, Eqn, Graph, Literal, Var, format_graph
+from .loops import HostStep
 from .kernels import cpu
 
 
@@ -30,16 +32,17 @@ class Explanation:
     graph: Graph
     wrt: list[int]  # graph inputs with gradients
     split: SplitGraphs | None  # None when nothing is differentiable
+    captures: Captures | None = None  # arrays read from outside the arguments (the graph's trailing inputs)
 
     @cached_property
     def forward(self) -> Graph:
         """The forward as it runs (optimised): outputs, then (when differentiable) the residuals."""
-        return passes.optimize(self.split.forward if self.split else self.graph)
+        return programs.call_graph(self.split.forward if self.split else self.graph)
 
     @cached_property
     def backward(self) -> Graph | None:
         """The backward as it runs (optimised): takes the residuals, then one cotangent per output."""
-        return passes.optimize(self.split.backward) if self.split else None
+        return programs.call_graph(self.split.backward) if self.split else None
 
     @property
     def n_outputs(self) -> int:
@@ -51,11 +54,9 @@ class Explanation:
 
     def modes(self) -> list[tuple[str, Graph]]:
         """Each compiled program by name: call, value_and_grad (scalar outputs), forward and backward."""
-        found = [("call", passes.optimize(self.graph))]
-        outs = self.graph.outputs
-        if self.wrt and len(outs) == 1 and outs[0].aval.size == 1 and outs[0].aval.is_float:
-            joint = with_unit_cotangent(joint_vjp_graph(self.graph, self.wrt), len(self.graph.inputs))
-            found.append(("value_and_grad", passes.optimize(joint)))
+        found = [("call", programs.call_graph(self.graph))]
+        if self.wrt and programs.has_scalar_output(self.graph):
+            found.append(("value_and_grad", programs.value_and_grad_graph(self.graph, self.wrt)))
         if self.split:
             found += [("forward", self.forward), ("backward", self.backward)]
         return found
@@ -94,6 +95,9 @@ def saved_text(ex: Explanation) -> str:
 def ir_text(ex: Explanation) -> str:
     """The traced forward IR and, when differentiable, the optimised forward and backward IR."""
     text = [format_graph(ex.graph, "# traced forward")]
+    if ex.captures:
+        text.append("# arrays read from outside the arguments\n" + "\n".join(f"  {line}" for line in
+                                                                             ex.captures.describe()))
     if ex.split:
         text.append(format_graph(ex.forward, "# optimised forward (outputs, then residuals)"))
         text.append(format_graph(ex.backward, "# optimised backward (residuals, cotangents)"))
@@ -136,7 +140,7 @@ class _DotGraph:
         self.program = fusion.schedule(graph)
         self.kernel_nodes: list[list[str]] = [[] for _ in self.program.kernels]
         kernel_of = {id(e): k for k, kern in enumerate(self.program.kernels) for e in kern.eqns}
-        host = {id(s.eqn) for s in self.program.steps if isinstance(s, fusion.HostStep)}
+        host = {id(s.eqn) for s in self.program.steps if isinstance(s, HostStep)}
         self.inputs: list[str] = []
         for k, v in enumerate(graph.inputs):
             self.inputs.append(self.declare(f"{input_label(k, v)}\n{v.aval}", ", shape=ellipse", self.nodes))

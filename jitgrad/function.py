@@ -16,13 +16,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import ops
+from . import lax as L
 from .autodiff import inline_graph, joint_vjp_graph, zeros
 from .errors import FunctionError, TraceError
 from .ir import Aval, Eqn, Graph, Var, iter_vars
-from .primitives import Primitive, declare
-from .tracing import (Builder, Tracer, bind, builder_aval, current_builder, flatten_output, trace_to_graph,
-                      unflatten_output, where_text)
+from .primitive import Kind, Primitive, declare, stop_gradient_p
+from .traces import trace_to_graph
+from .tracing import Builder, Tracer, bind, builder_aval, current_builder, where_text
+from .trees import flatten_output, unflatten_output
 
 _ARRAY_TYPES = (Tracer, np.ndarray, np.generic)
 _INTERNAL = ("_jg_function", "_jg_saved", "_jg_non_differentiable", "_jg_materialize", "needs_input_grad")
@@ -105,22 +106,22 @@ class FunctionCall:
 
 
 class FunctionPrimitive(Primitive):
-    """The primitive of every `jg.Function` application; the hooks autodiff and passes call on it."""
+    """The primitive of every `jg.Function` application: a CALL holding the traced forward, whose pullback
+    runs the user's backward (getting None, not zeros, where an output has no cotangent)."""
 
-    def body(self, e: Eqn) -> Graph:
+    def subgraph(self, e: Eqn) -> Graph:
         """The forward subgraph that computes `e.outs` from `e.inputs` (what inlining substitutes)."""
         return e.params["_call"].body
 
-    def impl_traced(self, ins: Sequence[Any], e: Eqn) -> list[Any]:
-        """Re-record the equation, still as one node, on new inputs (evaluate it outside a trace)."""
-        outs = bind(self, *ins, label=e.label, **e.params)
-        return outs if isinstance(outs, list) else [outs]
+    def pullback(self, cotangents: Sequence[Any | None], inputs: Sequence[Any], outputs: Sequence[Any], e: Eqn,
+                 zeros: Any) -> Sequence[Any]:
+        return _function_vjp(cotangents, inputs, outputs, **e.params)
 
-    def vjp_traced(self, out_cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], e: Eqn) -> list[Any]:
-        return self.vjp(out_cts, ins, outs, **e.params)
-
-    def backward_label_of(self, e: Eqn) -> str:
+    def label_of(self, e: Eqn) -> str:
         return f"{e.params['fn'].__name__}Backward"
+
+    def cse_key(self, e: Eqn) -> None:
+        return None  # two applications are two calls of the user's code
 
 
 def _output_avals(avals: Sequence[Aval], *, fn: type, _call: FunctionCall) -> list[Aval]:
@@ -153,11 +154,11 @@ def _function_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *
         if slot is not None and g is not None:
             in_cts[slot] = g
     for slot, g in _vjp_through_forward(call, ins, cts[n:]):
-        in_cts[slot] = g if in_cts[slot] is None else ops.add(in_cts[slot], g)
+        in_cts[slot] = g if in_cts[slot] is None else L.add(in_cts[slot], g)
     return in_cts
 
 
-custom_function_p = declare(FunctionPrimitive("custom_function", "custom", _output_avals, _evaluate, _function_vjp))
+custom_function_p = declare(FunctionPrimitive("custom_function", Kind.CALL, _output_avals, _evaluate, _function_vjp))
 
 
 def _defined_at(method: Callable[..., Any]) -> str:
@@ -345,5 +346,6 @@ def _record(cls: type, arguments: _Arguments, ctx: FunctionCtx, builder: Builder
                         tuple(arguments.names), arguments.n_given, ctx.needs_input_grad, tuple(saved_slots),
                         ctx.attributes(), structure["non_differentiable"], ctx._jg_materialize)
     outs = bind(custom_function_p, *[values[k] for k in array_positions], *captured, label=name, fn=cls, _call=call)
-    results = [ops.stop_gradient(o) if k in call.non_differentiable else o for k, o in enumerate(outs[:call.n_outputs])]
+    results = [bind(stop_gradient_p, o) if k in call.non_differentiable else o
+               for k, o in enumerate(outs[:call.n_outputs])]
     return unflatten_output(structure["tree"], results)

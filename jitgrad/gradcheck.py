@@ -16,7 +16,8 @@ import numpy as np
 
 from .api import Traced, trace, vjp
 from .errors import GradcheckError, InputError, UnsupportedError
-from .tracing import Tracer, current_builder, flatten_output, unflatten_output
+from .tracing import Tracer, current_builder
+from .trees import flatten_output, unflatten_output
 
 
 @dataclass

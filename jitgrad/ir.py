@@ -105,7 +105,7 @@ class SourceInfo:
 class Eqn:
     """One primitive application: outs = prim(*inputs, **params)."""
 
-    prim: Any  # jitgrad.primitives.Primitive; typed loosely so the IR imports nothing of ours
+    prim: Any  # jitgrad.primitive.Primitive; typed loosely so the IR imports nothing of ours
     inputs: tuple[Atom, ...]
     params: dict[str, Any]
     outs: tuple[Var, ...]
@@ -140,6 +140,10 @@ def iter_vars(atoms: Iterable[Atom]) -> Iterator[Var]:
 
 def format_params(params: dict[str, Any]) -> str:
     def fmt(v: Any) -> str:
+        if isinstance(v, np.dtype):
+            return v.name
+        if isinstance(v, type) and issubclass(v, np.generic):
+            return np.dtype(v).name
         if callable(v) and hasattr(v, "__name__"):
             return v.__name__
         if isinstance(v, Graph):

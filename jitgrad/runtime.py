@@ -10,8 +10,6 @@ calls only when nothing outside the runtime still references them (`jitgrad.buff
 from __future__ import annotations
 
 import os
-import sys
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ import numba
 import numpy as np
 
 from .buffers import OutputBuffers
-from .fusion import HostStep, LoopKernel, Program
+from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
 from .kernels import compiler, cpu
 

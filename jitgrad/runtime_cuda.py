@@ -29,11 +29,12 @@ import numba
 import numpy as np
 from numba import cuda
 
-from . import primitives as P
 from .errors import UnsupportedError
-from .fusion import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_index
+from .loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_index
 from .ir import Atom, Aval, Var
 from .kernels import cuda as kc
+from .ops.linalg import matmul_p
+from .primitive import Kind
 from .runtime import SlotTable, outputs_to_copy
 
 _lock = threading.RLock()
@@ -303,12 +304,12 @@ class CudaExecutable:
                                [self._slot(o) for o in step.outputs], fused=True)
         e = step.eqn
         ins, outs = [self._slot(a) for a in e.inputs], [self._slot(o) for o in e.outs]
-        if e.prim is P.matmul_p:
+        if e.prim is matmul_p:
             return _MatmulCall(e.inputs[0].aval, e.inputs[1].aval, e.out.aval, ins, outs)
         if is_transparent(e):
             gather = gather_kernel(e.inputs[0], e.out, view_index(e, identity_index(e.out.aval)))
             return _KernelCall(CompiledKernel(gather), ins, outs, fused=False)
-        if e.prim is P.reshape_p:
+        if e.prim.kind is Kind.VIEW:  # a view that regroups axes: a contiguous copy, then numpy's reshape
             return _ReshapeCall(_Contiguous(e.inputs[0].aval), e.out.aval.shape, ins, outs)
         return _HostCall(e.prim.impl, dict(e.params), ins, outs)
 

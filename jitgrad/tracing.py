@@ -12,7 +12,6 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -20,6 +19,7 @@ import numpy as np
 from . import captures
 from .errors import ConcretizationError, TraceError, UnsupportedError
 from .ir import Atom, Aval, Eqn, Graph, Literal, SourceInfo, Var
+from .primitive import stop_gradient_p
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
@@ -203,8 +203,7 @@ def bind(prim: Any, *inputs: Any, label: str | None = None, **params: Any) -> An
     out_avals = prim.abstract_eval(avals, **params)
     multi = isinstance(out_avals, (list, tuple))
     outs = builder.add(prim, inputs, params, out_avals if multi else [out_avals], label)
-    if builder.no_grad_depth and prim.name != "stop_gradient":
-        from .primitives import stop_gradient_p
+    if builder.no_grad_depth and prim is not stop_gradient_p:
         outs = [bind(stop_gradient_p, o) if o.aval.is_float else o for o in outs]
     return outs if multi else outs[0]
 
@@ -227,7 +226,8 @@ def builder_aval(x: Any) -> Aval:
 
 
 class Tracer:
-    """A value under tracing: it knows its shape and dtype, not its numbers."""
+    """A value under tracing: it knows its shape and dtype, not its numbers. numpy's protocols, the
+    operators and indexing are installed by `jitgrad.numpy_api`, which answers them from the ops."""
 
     __slots__ = ("builder", "var")
     __array_priority__ = 1000
@@ -258,7 +258,7 @@ class Tracer:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d traced array")
+            raise TraceError(f"len() of a 0-d traced array{where_text()}")
         return self.shape[0]
 
     def __repr__(self) -> str:
@@ -310,18 +310,6 @@ class Tracer:
 
     def __hash__(self) -> int:
         return id(self)
-
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        from .numpy_api import handle_ufunc
-        return handle_ufunc(ufunc, method, inputs, kwargs)
-
-    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
-        from .numpy_api import handle_function
-        return handle_function(func, args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        from .numpy_api import tracer_method
-        return tracer_method(self, name)
 
 
 class CapturedTracer(Tracer):
@@ -390,38 +378,6 @@ def constant_of(x: Any) -> Any:
     return x.concrete() if isinstance(x, CapturedTracer) else x
 
 
-def _install_operators() -> None:
-    """Arithmetic and comparison operators dispatch to the numpy ufuncs, as ndarray's do."""
-    binary = {
-        "add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
-        "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "matmul": np.matmul,
-        "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
-    }
-    for name, uf in binary.items():
-        setattr(Tracer, f"__{name}__", _binary(uf, reflected=False))
-        setattr(Tracer, f"__r{name}__", _binary(uf, reflected=True))
-    for name, uf in {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-                     "eq": np.equal, "ne": np.not_equal}.items():
-        setattr(Tracer, f"__{name}__", _binary(uf, reflected=False))
-    Tracer.__neg__ = lambda self: np.negative(self)
-    Tracer.__pos__ = lambda self: self
-    Tracer.__abs__ = lambda self: np.absolute(self)
-    Tracer.__invert__ = lambda self: np.invert(self)
-
-
-def _binary(uf: np.ufunc, reflected: bool) -> Any:
-    def op(self: Tracer, other: Any) -> Any:
-        from .numpy_api import handle_ufunc
-        args = (other, self) if reflected else (self, other)
-        return handle_ufunc(uf, "__call__", args, {})
-
-    op.__name__ = uf.__name__
-    return op
-
-
-_install_operators()
-
-
 @contextmanager
 def no_grad() -> Iterator[None]:
     """Inside a traced function, values computed in this block carry no gradient."""
@@ -434,85 +390,3 @@ def no_grad() -> Iterator[None]:
         yield
     finally:
         b.no_grad_depth -= 1
-
-
-@dataclass
-class Trace:
-    """What tracing a function produced: its graph, its output structure, the enclosing traces'
-    values it used (extra trailing inputs) and the arrays it read from outside its arguments."""
-
-    graph: Graph
-    tree: Any
-    outer: list[Tracer]
-    captures: captures.Captures
-
-
-def trace_to_graph(fn: Any, avals: Sequence[Aval], names: Sequence[str] = (), parent: Builder | None = None,
-                   reads_from: Any = None) -> Trace:
-    """Trace `fn` on fresh inputs of `avals`. Arrays that `reads_from` (default: `fn`) reaches outside its
-    arguments become traced stand-ins (`jitgrad.captures`): of this graph if it is the outermost trace,
-    else of the outermost one (whose inputs the enclosing graphs then capture).
-
-    Outputs may be a tracer/array or a tuple, list or dict of them; the structure is returned
-    so callers can rebuild it around computed arrays.
-    """
-    builder = Builder(parent if parent is not None else current_builder())
-    if builder.parent is None:
-        builder.known_arrays = {}
-    with building(builder), reading_captured(reads_from if reads_from is not None else fn):
-        args = [builder.new_input(a, n) for a, n in zip(avals, list(names) + [""] * len(avals))]
-        result = fn(*args)
-        leaves, tree = flatten_output(result)
-        graph, found = builder.graph(leaves)
-    return Trace(graph, tree, list(builder.captured_tracers), found)
-
-
-@contextmanager
-def reading_captured(fn: Any) -> Iterator[None]:
-    """While tracing `fn`, the arrays it reads from outside its arguments are traced stand-ins of the
-    outermost capturing trace (nothing is done where no trace captures)."""
-    current = current_builder()
-    root = current.capture_root() if current is not None else None
-    if root is None:
-        yield
-        return
-    with captures.substituted(fn, root.new_implicit, root.known_arrays):
-        yield
-
-
-def flatten_output(result: Any) -> tuple[list[Any], Any]:
-    """Flatten a returned value (array, or tuple/list/dict of arrays) into leaves and a structure."""
-    if isinstance(result, (tuple, list)):
-        leaves: list[Any] = []
-        subs = []
-        for r in result:
-            l, t = flatten_output(r)
-            leaves += l
-            subs.append((len(l), t))
-        return leaves, (type(result), subs)
-    if isinstance(result, dict):
-        keys = list(result.keys())
-        l, t = flatten_output([result[k] for k in keys])
-        return l, (dict, keys, t)
-    if result is None:
-        raise TraceError("the traced function returned None; it must return an array or a tuple/list/dict of "
-                         "arrays")
-    if not isinstance(result, (Tracer, np.ndarray, np.generic, int, float, bool)):
-        raise TraceError(f"the traced function returned a {type(result).__name__}; it must return arrays "
-                         "(or a tuple/list/dict of them)")
-    return [result], None
-
-
-def unflatten_output(tree: Any, leaves: Sequence[Any]) -> Any:
-    if tree is None:
-        return leaves[0]
-    if tree[0] is dict:
-        _, keys, t = tree
-        vals = unflatten_output(t, leaves)
-        return dict(zip(keys, vals))
-    kind, subs = tree
-    out, i = [], 0
-    for n, t in subs:
-        out.append(unflatten_output(t, leaves[i:i + n]))
-        i += n
-    return kind(out) if kind is not list else out

@@ -8,15 +8,11 @@ is written to a per-row scratch array there and read back in the later pass. Che
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from jitgrad.fusion import Compute, Load, LoopKernel, Stage
-
-# Templates that call a function other than a cheap instruction-level one are worth carrying.
-_COSTLY = re.compile(r"\bv[a-z0-9]+\(|np\.(?!isfinite|isnan|sqrt|floor|ceil|rint|sign)\w+\(|math\.|\*\*")
+from jitgrad.loops import Compute, Load, LoopKernel, Stage
 
 
 @dataclass
@@ -38,7 +34,8 @@ class Carry:
 
 
 def is_costly(c: Compute) -> bool:
-    return bool(_COSTLY.search(c.prim.cpu or ""))
+    """Transcendental functions and powers: worth keeping rather than computing again (each primitive says)."""
+    return c.prim.costly
 
 
 def plan(k: LoopKernel) -> tuple[list[Stage], list[Carry]]:

@@ -23,56 +23,38 @@ from typing import Any
 
 import numpy as np
 
-from jitgrad.fusion import Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.loops import Compute, Load, LoopKernel, Reduction, Stage, Store
 from jitgrad.kernels import carry
+from jitgrad.kernels.common import (Writer, accumulator_dtype, argument_names, expression, identity_literal,
+                                    index_text, numba_type)
 
 PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
 CHUNKS = 64  # parallel chunks of a full reduction
 BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
 
-HEADER = ("import math\n\nimport numpy as np\nfrom numba import prange\n"
-          "from jitgrad.kernels.reductions import block_sum, maximum_propagating, minimum_propagating\n"
-          "from jitgrad.kernels.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh\n")
+HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\n"
+BLOCK_SUM = "jitgrad.kernels.reductions.block_sum"
 
 
-def numba_type(dtype: np.dtype) -> str:
-    dtype = np.dtype(dtype)
-    return "np.bool_" if dtype == np.bool_ else f"np.{dtype.name}"
-
-
-def accumulator_dtype(r: Reduction) -> np.dtype:
-    """Sums of float32 accumulate in float64 (then round once), like numpy's pairwise sum is accurate."""
-    if r.prim.name == "reduce_sum" and r.dtype.kind == "f":
-        return np.dtype(np.float64)
-    return r.dtype
-
-
-def identity_literal(r: Reduction) -> str:
-    dtype = accumulator_dtype(r)
-    if r.prim.name == "reduce_sum":
-        return f"{numba_type(dtype)}(0)"
-    if r.prim.name == "reduce_prod":
-        return f"{numba_type(dtype)}(1)"
-    big = "np.inf" if dtype.kind == "f" else str(np.iinfo(dtype).max if dtype.kind in "iu" else 1)
-    small = "-np.inf" if dtype.kind == "f" else str(np.iinfo(dtype).min if dtype.kind in "iu" else 0)
-    return f"{numba_type(dtype)}({small if r.prim.name == 'reduce_max' else big})"
-
-
-def expression(c: Compute) -> str:
-    """The scalar expression of one elementwise op, cast to its IR dtype where numba's rules differ."""
-    expr = c.prim.cpu.format(*c.args, cast=numba_type(c.dtype))
-    if c.prim.name == "convert" and c.dtype == np.bool_:
-        return f"({c.args[0]} != 0)"
-    if c.dtype.kind in "iu" and c.prim.name != "convert":
-        return f"{numba_type(c.dtype)}({expr})"
-    return expr
-
-
-def index_text(index: tuple, rank: int, var: str = "i") -> str:
-    """Index expression of an array access: loop variables `<var><axis>`, 0 along broadcast axes."""
-    if rank == 0:
-        return "0"
-    return ", ".join(f"{var}{a}" if a is not None else "0" for a in index)
+def helper_imports(k: LoopKernel) -> list[str]:
+    """`from module import name` lines for the helpers the kernel's expressions and reductions call."""
+    wanted: set[str] = set()
+    for stage in k.stages:
+        for st in stage.body:
+            if isinstance(st, Compute):
+                wanted.update(st.prim.lowering["cpu"].imports)
+        for r in stage.reductions:
+            vector = r.prim.reduction.vector_combine
+            if vector is not None and r.dtype.kind == "f":
+                wanted.update(vector.imports)
+            if is_blocked(r):
+                wanted.add(BLOCK_SUM)
+    wanted.update(name for st in k.epilogue if isinstance(st, Compute) for name in st.prim.lowering["cpu"].imports)
+    by_module: dict[str, list[str]] = {}
+    for dotted in sorted(wanted):
+        module, _, name = dotted.rpartition(".")
+        by_module.setdefault(module, []).append(name)
+    return [f"from {m} import {', '.join(names)}" for m, names in sorted(by_module.items())]
 
 
 def row_index(k: LoopKernel) -> str:
@@ -82,28 +64,20 @@ def row_index(k: LoopKernel) -> str:
 
 def is_blocked(r: Reduction) -> bool:
     """Float sums add per block in their dtype (full vector width, fixed order), then across blocks in float64."""
-    return r.prim.name == "reduce_sum" and r.dtype.kind == "f"
+    return r.prim.reduction.blocked and r.dtype.kind == "f"
 
 
 def order_dependent(r: Reduction) -> bool:
     """Does the result's rounding depend on the order the terms are combined in (float sums and products)?"""
-    return r.prim.name in ("reduce_sum", "reduce_prod") and r.dtype.kind == "f"
+    return r.prim.reduction.order_dependent and r.dtype.kind == "f"
 
 
-def is_float_extremum(r: Reduction) -> bool:
-    return r.prim.name in ("reduce_max", "reduce_min") and r.dtype.kind == "f"
+def rescans_zero(r: Reduction) -> bool:
+    """A float max/min whose result is zero is recomputed in numpy's order, for numpy's sign of zero."""
+    return r.prim.reduction.rescan_zero and r.dtype.kind == "f"
 
 
-VECTOR_COMBINE = {"reduce_max": "maximum_propagating({0}, {1})", "reduce_min": "minimum_propagating({0}, {1})"}
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def line(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
-
+class _Writer(Writer):
     def loop(self, depth: int, axis: int, bounds: str, loop: str = "range") -> int:
         """Open `for i<axis> in loop(bounds)` with its unsigned index copy; the depth inside."""
         self.line(depth, f"for i{axis} in {loop}({bounds}):")
@@ -118,7 +92,7 @@ def _emit_body(w: _Writer, k: LoopKernel, depth: int, body: list[Load | Compute 
         elif isinstance(st, carry.ScratchLoad):
             w.line(depth, f"{st.dst} = {st.array}[{row_index(k)}]")
         else:
-            w.line(depth, f"{st.dst} = {expression(st)}")
+            w.line(depth, f"{st.dst} = {expression(st, 'cpu')}")
 
 
 def _emit_stores(w: _Writer, k: LoopKernel, depth: int, stores: list[Store]) -> None:
@@ -130,8 +104,8 @@ def _emit_accumulate(w: _Writer, depth: int, r: Reduction, acc: str, value: str,
     """`acc` combined with `value`: the vectorisable combiner, or (`exact`, and for integers) the
     primitive's template, numpy's sequential rule."""
     typ = numba_type(accumulator_dtype(r))
-    vector = VECTOR_COMBINE.get(r.prim.name) if r.dtype.kind == "f" else None
-    combine = r.prim.cpu if exact or vector is None else vector
+    vector = r.prim.reduction.vector_combine if r.dtype.kind == "f" else None
+    combine = r.prim.reduction.combine if exact or vector is None else vector.template
     w.line(depth, f"{acc} = {combine.format(acc, f'{typ}({value})')}")
 
 
@@ -194,7 +168,7 @@ def _emit_zero_rescan(w: _Writer, k: LoopKernel, depth: int, stage: Stage) -> No
     """A float max/min that came out zero is recomputed with numpy's sequential rule (ties take the
     later element), so -0.0 and +0.0 come out as numpy's; other results are order-independent."""
     for r in stage.reductions:
-        if not is_float_extremum(r):
+        if not rescans_zero(r):
             continue
         w.line(depth, f"if {r.acc}_ == 0:")
         w.line(depth + 1, f"{r.acc}_ = {identity_literal(r)}")
@@ -258,11 +232,6 @@ def _emit_stage_chunked(w: _Writer, k: LoopKernel, stage: Stage, parallel: bool)
         w.line(1, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
 
-def argument_names(k: LoopKernel) -> list[str]:
-    return ([f"n{a}" for a in range(len(k.domain))] + [f"a{i}" for i in range(len(k.inputs))]
-            + [f"c{i}" for i in range(len(k.scalars))] + [f"o{i}" for i in range(len(k.outputs))])
-
-
 def _emit_rows(w: _Writer, k: LoopKernel, parallel: bool) -> None:
     """Kernels with kept axes: a parallel loop over the first kept axis; when passes need scratch
     (block sums, carried values), over chunks of it, each chunk allocating its scratch once."""
@@ -309,7 +278,8 @@ def generate(k: LoopKernel, name: str, parallel: bool = True) -> str:
 
 def module_source(k: LoopKernel) -> str:
     """A module defining the kernel twice, `parallel_kernel` and `serial_kernel`, so numba caches each."""
-    return HEADER + "\n\n" + generate(k, "parallel_kernel") + "\n\n" + generate(k, "serial_kernel", parallel=False)
+    header = HEADER + "".join(line + "\n" for line in helper_imports(k))
+    return header + "\n\n" + generate(k, "parallel_kernel") + "\n\n" + generate(k, "serial_kernel", parallel=False)
 
 
 def scalar_arguments(k: LoopKernel) -> list[Any]:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jitgrad.fusion import Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.loops import Compute, Load, LoopKernel, Reduction, Stage, Store
 
-from .cpu import accumulator_dtype, identity_literal, index_text, numba_type
+from .common import Writer, accumulator_dtype, combine, expression, identity_literal, index_text, numba_type
+from .common import argument_names as kernel_arguments
 
 THREADS = 256  # most threads in a block; shared buffers have this length
 WARP = 32
@@ -36,28 +37,6 @@ TARGETS = ("gpu", "simulator")
 HEADER = "import math\n\nimport numpy as np\nfrom numba import cuda\n"
 GPU_HEADER = HEADER + "from numba.cuda import libdevice\n"
 
-# Scalar functions by primitive, as (GPU, simulator) templates. numba-cuda lowers `math` to libdevice
-# (the CPU's numpy and vecmath spellings do not lower there); the simulator runs plain Python, whose
-# `math` raises on inf and nan, so it uses numpy's scalar functions. Other primitives (operators,
-# comparisons, `where`) use their CPU template on both.
-FUNCTIONS = {
-    "exp": ("math.exp({0})", "np.exp({0})"), "expm1": ("math.expm1({0})", "np.expm1({0})"),
-    "log": ("math.log({0})", "np.log({0})"), "log1p": ("math.log1p({0})", "np.log1p({0})"),
-    "sin": ("math.sin({0})", "np.sin({0})"), "cos": ("math.cos({0})", "np.cos({0})"),
-    "tan": ("math.tan({0})", "np.tan({0})"), "tanh": ("math.tanh({0})", "np.tanh({0})"),
-    "sinh": ("math.sinh({0})", "np.sinh({0})"), "cosh": ("math.cosh({0})", "np.cosh({0})"),
-    "arcsin": ("math.asin({0})", "np.arcsin({0})"), "arccos": ("math.acos({0})", "np.arccos({0})"),
-    "arctan": ("math.atan({0})", "np.arctan({0})"), "arcsinh": ("math.asinh({0})", "np.arcsinh({0})"),
-    "arctanh": ("math.atanh({0})", "np.arctanh({0})"), "sqrt": ("math.sqrt({0})", "np.sqrt({0})"),
-    "atan2": ("math.atan2({0}, {1})", "np.arctan2({0}, {1})"), "erf": ("math.erf({0})", "{cast}(math.erf({0}))"),
-    "isnan": ("math.isnan({0})", "np.isnan({0})"), "isfinite": ("math.isfinite({0})", "np.isfinite({0})"),
-    "floor": ("math.floor({0})", "np.floor({0})"), "ceil": ("math.ceil({0})", "np.ceil({0})"),
-    "rint": ("libdevice.rint{f}({0})", "np.rint({0})"),
-    "logistic": tuple("({cast}(1) / ({cast}(1) + F(-{0})) if {0} >= 0 else F({0}) / ({cast}(1) + F({0})))"
-                      .replace("F", f) for f in ("math.exp", "np.exp")),  # exp of -|x| only, as the reference
-    "sign": ("({cast}(1) if {0} > 0 else ({cast}(-1) if {0} < 0 else ({0} if {0} != {0} else {cast}(0))))",
-             "np.sign({0})"),
-}
 SHUFFLE_DTYPES = {np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64)}
 
 
@@ -66,16 +45,13 @@ def _check_target(target: str) -> None:
         raise ValueError(f"unknown CUDA target {target!r}; expected one of {TARGETS}")
 
 
-def expression(c: Compute, target: str) -> str:
+BACKENDS = {"gpu": "cuda", "simulator": "cuda_sim"}  # the lowering each target reads: libdevice's math on a
+# GPU; numpy's scalar functions in the simulator, which runs plain Python (whose `math` raises on inf and nan)
+
+
+def scalar_expression(c: Compute, target: str) -> str:
     """The scalar expression of one elementwise op on `target`, cast to its IR dtype."""
-    pair = FUNCTIONS.get(c.prim.name)
-    template = c.prim.cpu if pair is None else pair[TARGETS.index(target)]
-    expr = template.format(*c.args, cast=numba_type(c.dtype), f="f" if c.dtype == np.float32 else "")
-    if c.prim.name == "convert" and c.dtype == np.bool_:
-        return f"({c.args[0]} != 0)"
-    if c.dtype.kind in "iu" and c.prim.name != "convert":
-        return f"{numba_type(c.dtype)}({expr})"
-    return expr
+    return expression(c, BACKENDS[target])
 
 
 def family(k: LoopKernel) -> str:
@@ -91,20 +67,11 @@ def reductions(k: LoopKernel) -> list[Reduction]:
 
 def argument_names(k: LoopKernel) -> list[str]:
     """Lengths, inputs, scalars, outputs; a full reduction adds per reduction a partials and a result buffer."""
-    names = ([f"n{a}" for a in range(len(k.domain))] + [f"a{i}" for i in range(len(k.inputs))]
-             + [f"c{i}" for i in range(len(k.scalars))] + [f"o{i}" for i in range(len(k.outputs))])
+    names = kernel_arguments(k)
     if family(k) == "full":
         for r in reductions(k):
             names += [f"p_{r.acc}", f"r_{r.acc}"]
     return names
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def line(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
 
 
 @dataclass
@@ -113,7 +80,7 @@ class _Emitter:
 
     k: LoopKernel
     target: str
-    w: _Writer
+    w: Writer
 
     def body(self, depth: int, body: list[Load | Compute]) -> None:
         for st in body:
@@ -121,7 +88,7 @@ class _Emitter:
                 rank = self.k.inputs[st.input].aval.ndim
                 self.w.line(depth, f"{st.dst} = a{st.input}[{index_text(st.index, rank)}]")
             else:
-                self.w.line(depth, f"{st.dst} = {expression(st, self.target)}")
+                self.w.line(depth, f"{st.dst} = {scalar_expression(st, self.target)}")
 
     def stores(self, depth: int, stores: list[Store]) -> None:
         for s in stores:
@@ -142,7 +109,7 @@ class _Emitter:
         return " * ".join(f"n{a}" for a in axes) or "1"
 
     def combine(self, r: Reduction, acc: str, value: str) -> str:
-        return r.prim.cpu.format(acc, f"{numba_type(accumulator_dtype(r))}({value})")
+        return combine(r, acc, value)
 
     def prologue(self, shared: list[Reduction]) -> None:
         for r in shared:
@@ -205,7 +172,7 @@ def _signature_line(k: LoopKernel, name: str) -> str:
 
 
 def _elementwise(k: LoopKernel, target: str) -> list[str]:
-    e = _Emitter(k, target, _Writer())
+    e = _Emitter(k, target, Writer())
     e.w.line(0, _signature_line(k, "kernel"))
     e.w.line(1, f"total = {e.product(tuple(range(len(k.domain))))}")
     e.w.line(1, "p = cuda.grid(1)")
@@ -222,7 +189,7 @@ def _elementwise(k: LoopKernel, target: str) -> list[str]:
 
 
 def _rows(k: LoopKernel, target: str) -> list[str]:
-    e = _Emitter(k, target, _Writer())
+    e = _Emitter(k, target, Writer())
     e.w.line(0, _signature_line(k, "kernel"))
     e.prologue(reductions(k))
     e.w.line(1, f"rows = {e.product(k.kept_axes)}")
@@ -251,7 +218,7 @@ def _earlier_results(e: _Emitter, stages: list[Stage], depth: int) -> None:
 
 def _partial(k: LoopKernel, target: str, s: int) -> list[str]:
     stage = k.stages[s]
-    e = _Emitter(k, target, _Writer())
+    e = _Emitter(k, target, Writer())
     e.w.line(0, _signature_line(k, f"partial_{s}"))
     e.prologue(stage.reductions)
     _earlier_results(e, k.stages[:s], 1)
@@ -265,14 +232,14 @@ def _partial(k: LoopKernel, target: str, s: int) -> list[str]:
 
 def _finish(k: LoopKernel, target: str, s: int) -> list[str]:
     stage = k.stages[s]
-    e = _Emitter(k, target, _Writer())
+    e = _Emitter(k, target, Writer())
     e.w.line(0, _signature_line(k, f"finish_{s}"))
     e.prologue(stage.reductions)
     for r in stage.reductions:
         e.w.line(1, f"{r.acc}_ = {identity_literal(r)}")
         e.w.line(1, "p = tid")
         e.w.line(1, f"while p < p_{r.acc}.shape[0]:")
-        e.w.line(2, f"{r.acc}_ = {r.prim.cpu.format(f'{r.acc}_', f'p_{r.acc}[p]')}")
+        e.w.line(2, f"{r.acc}_ = {r.prim.reduction.combine.format(f'{r.acc}_', f'p_{r.acc}[p]')}")
         e.w.line(2, "p += nt")
         e.block_reduce(1, r)
     e.w.line(1, "if tid == 0:")
@@ -377,7 +344,7 @@ def matmul_source(dtype: np.dtype) -> str:
     """A batched tiled matmul `matmul(m, n, kk, a, b, o)` over (batch, m, kk) @ (batch, kk, n):
     each TILE x TILE block stages tiles of `a` and `b` in shared memory; accumulates in `dtype`."""
     typ = numba_type(dtype)
-    w = _Writer()
+    w = Writer()
     w.line(0, "def matmul(m, n, kk, a, b, o):")
     w.line(1, f"ta = cuda.shared.array(({TILE}, {TILE}), {typ})")
     w.line(1, f"tb = cuda.shared.array(({TILE}, {TILE}), {typ})")

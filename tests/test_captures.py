@@ -166,5 +166,5 @@ def test_control_flow_on_a_large_captured_array_says_what_to_do() -> None:
 def test_functions_without_captured_arrays_keep_an_empty_capture_list() -> None:
     f = jg.trace(lambda x, w: np.sum(x @ w))
     f(X, W0)
-    (plan,) = f._plans.values()
+    (plan,) = f.plans.plans.values()
     assert not plan.captures

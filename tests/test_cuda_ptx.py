@@ -13,12 +13,12 @@ from numba import cuda, types
 from numba.np import numpy_support
 
 import jitgrad as jg
-from jitgrad import fusion, passes
-from jitgrad import primitives as P
+from jitgrad import fusion, loops, passes
 from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
-from jitgrad.fusion import Compute
+from jitgrad.loops import Compute
 from jitgrad.ir import Aval, Var
 from jitgrad.kernels import cuda as kc
+from jitgrad.primitive import PRIMITIVES, Kind, Primitive
 from jitgrad.runtime_cuda import gather_kernel
 
 SM90 = (9, 0)
@@ -28,7 +28,7 @@ def array_type(dtype: np.dtype, ndim: int) -> types.Array:
     return types.Array(numpy_support.from_dtype(np.dtype(dtype)), max(ndim, 1), "C")
 
 
-def signature(k: fusion.LoopKernel) -> tuple:
+def signature(k: loops.LoopKernel) -> tuple:
     """The argument types the runtime passes: int64 lengths, C-contiguous arrays (0-d as 1-d), typed scalars."""
     return (*[types.int64] * len(k.domain), *[array_type(a.aval.dtype, a.aval.ndim) for a in k.inputs],
             *[numpy_support.from_dtype(s.aval.dtype) for s in k.scalars],
@@ -48,7 +48,7 @@ def ptx(fn, sig: tuple) -> str:
     return text
 
 
-def kernels_of(fn, *args) -> list[fusion.LoopKernel]:
+def kernels_of(fn, *args) -> list[loops.LoopKernel]:
     """The fused kernels of the plain call and, for scalar float outputs, of value-and-grad."""
     plan = jg.trace(fn).plan(*args)
     graphs = [plan.graph]
@@ -58,7 +58,7 @@ def kernels_of(fn, *args) -> list[fusion.LoopKernel]:
     return [k for g in graphs for k in fusion.schedule(passes.optimize(g)).kernels]
 
 
-def ptx_of_kernel(k: fusion.LoopKernel) -> dict[str, str]:
+def ptx_of_kernel(k: loops.LoopKernel) -> dict[str, str]:
     namespace = functions_of(kc.module_source(k, "gpu"))
     return {launch.function: ptx(namespace[launch.function], signature(k)) for launch in kc.launches(k)}
 
@@ -78,7 +78,7 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def compiled() -> dict[str, list[tuple[fusion.LoopKernel, dict[str, str]]]]:
+def compiled() -> dict[str, list[tuple[loops.LoopKernel, dict[str, str]]]]:
     return {name: [(k, ptx_of_kernel(k)) for k in kernels_of(fn, *args)] for name, (fn, *args) in CASES.items()}
 
 
@@ -112,7 +112,7 @@ def test_view_copy_kernel_compiles_for_sm90() -> None:
     assert set(ptx_of_kernel(k)) == {"kernel"}
 
 
-def _operand_dtypes(prim: P.Primitive, dtype: np.dtype, arity: int) -> list[np.dtype]:
+def _operand_dtypes(prim: Primitive, dtype: np.dtype, arity: int) -> list[np.dtype]:
     if prim.name == "where":
         return [np.dtype(bool), dtype, dtype]
     if prim.name.startswith("logical_"):
@@ -120,18 +120,19 @@ def _operand_dtypes(prim: P.Primitive, dtype: np.dtype, arity: int) -> list[np.d
     return [dtype] * arity
 
 
-ELEMENTWISE = sorted(n for n, p in P.PRIMITIVES.items() if p.kind == "elementwise")
+ELEMENTWISE = sorted(n for n, p in PRIMITIVES.items() if p.kind is Kind.ELEMENTWISE)
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
 def test_every_elementwise_primitive_lowers_for_sm90(name) -> None:
-    prim = P.PRIMITIVES[name]
-    arity = 1 + max(int(i) for i in re.findall(r"\{(\d+)\}", prim.cpu))
+    prim = PRIMITIVES[name]
+    arity = 1 + max(int(i) for i in re.findall(r"\{(\d+)\}", prim.lowering["cuda"].template))
     for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         params = {"dtype": np.dtype(np.int32)} if name == "convert" else {}
         operands = _operand_dtypes(prim, dtype, arity)
         out = prim.abstract_eval([Aval((), d) for d in operands], **params)
-        expr = kc.expression(Compute("t", prim, [f"a{i}[i]" for i in range(arity)], params, out.dtype), "gpu")
+        expr = kc.scalar_expression(Compute("t", prim, [f"a{i}[i]" for i in range(arity)], params, out.dtype),
+                                    "gpu")
         args = ", ".join(f"a{i}" for i in range(arity))
         source = (kc.GPU_HEADER + f"\n\ndef k({args}, o):\n    i = cuda.grid(1)\n    if i < o.shape[0]:\n"
                   f"        o[i] = {expr}\n")

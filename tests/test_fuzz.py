@@ -144,9 +144,10 @@ def test_random_programs_match_the_reference(program: Program, seed: int) -> Non
 
     traced_loss = jg.trace(loss)
     value, grads = traced_loss.value_and_grad(x0, x1)
-    graph = traced_loss.plan(x0, x1).graph
+    plan = traced_loss.plan(x0, x1)
+    graph = plan.graph  # its inputs: a, b, then `weights`, which the loss reads from its closure
     joint = with_unit_cotangent(joint_vjp_graph(graph, [0, 1]), len(graph.inputs))
-    ref_value, *ref_grads = interpreter.evaluate(joint, [x0, x1])
+    ref_value, *ref_grads = interpreter.evaluate(joint, [x0, x1] + plan.captures.read())
     _close(value, ref_value, rtol, f"value vs interpreter\n{program}")
     for k, (g, r) in enumerate(zip(grads, ref_grads)):
         assert g.shape == program.shapes[k] and g.dtype == dtype

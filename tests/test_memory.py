@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import api, buffers
+from jitgrad import buffers, plans
 
 
 def test_varying_shapes_keep_rss_bounded(tmp_path) -> None:
@@ -37,7 +37,7 @@ def test_varying_shapes_keep_rss_bounded(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     grown, entries, misses, after_clear = out.stdout.split()
     assert float(grown) < 150
-    assert int(entries) == api.DEFAULT_MAX_PLANS and int(misses) == 101
+    assert int(entries) == plans.DEFAULT_MAX_PLANS and int(misses) == 101
     assert float(after_clear) < float(grown)
 
 
@@ -107,6 +107,6 @@ def test_reference_counts_show_sole_ownership_on_this_interpreter() -> None:
 def test_bad_settings_fall_back_to_the_defaults(monkeypatch, caplog, name, value) -> None:
     monkeypatch.setenv(name, value)
     with caplog.at_level("WARNING"):
-        limit = api.max_plans() if name == "JITGRAD_MAX_PLANS" else buffers.pool_limit_bytes()
-    assert limit == (api.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else int(buffers.DEFAULT_POOL_MB * 2**20))
+        limit = plans.max_plans() if name == "JITGRAD_MAX_PLANS" else buffers.pool_limit_bytes()
+    assert limit == (plans.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else int(buffers.DEFAULT_POOL_MB * 2**20))
     assert name in caplog.text

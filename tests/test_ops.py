@@ -187,6 +187,13 @@ def clip_gen(d, rng):
     return [values(rng, sx, -2, 2), values(rng, slo, -1.5, -0.2), values(rng, shi, 0.2, 1.5)], {}
 
 
+def remainder_gen(d, rng):
+    """x = (k + f) * y with whole k and f in [0.1, 0.9], y of either sign: away from remainder's jumps."""
+    shape = d.shape()
+    y = values(rng, shape, 0.5, 2.0, away=0.5)
+    return [(rng.integers(-2, 3, shape) + rng.uniform(0.1, 0.9, shape)) * y, y], {}
+
+
 def with_nans(gen: Gen) -> Gen:
     """The generator's first input with some NaNs (fmax/fmin ignore a NaN operand)."""
     def nan_gen(d, rng):
@@ -476,6 +483,7 @@ SPECS = [
     S("maximum", np.maximum, torch.maximum, binary()),
     S("minimum", np.minimum, torch.minimum, binary()),
     S("arctan2", np.arctan2, torch.atan2, binary(lo2=0, hi2=2, away2=0.3)),
+    S("remainder", np.remainder, torch.remainder, remainder_gen),
     S("where", lambda x, y: np.where(x > y, x, y * 2), lambda x, y: torch.where(x > y, x, y * 2), binary()),
     S("clip", lambda x: np.clip(x, -0.5, 1.0), lambda x: torch.clip(x, -0.5, 1.0)),
     S("clip_arrays", np.clip, lambda x, lo, hi: torch.clamp(*torch.broadcast_tensors(x, lo, hi)), clip_gen),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import fusion, passes
+from jitgrad import fusion, loops, passes
 from jitgrad.kernels import compiler, cpu
 
 
@@ -204,20 +204,21 @@ def test_outputs_never_alias_inputs_or_each_other() -> None:
     assert not np.shares_memory(ga, gb)
 
 
-def _full_reduction_kernel() -> fusion.LoopKernel:
+def _full_reduction_kernel() -> loops.LoopKernel:
     graph = jg.trace(lambda a: np.sum(a * a)).plan(np.ones(10)).graph
     (kernel,) = fusion.schedule(passes.optimize(graph)).kernels
     return kernel
 
 
 def test_index_arithmetic_is_64_bit() -> None:
-    """Lengths reach kernels as int64 arguments, and the chunk bounds of a parallel full reduction
-    tile [0, n) without overflow for n = 2**40 (they would overflow only past 2**57 elements)."""
+    """Lengths reach kernels as int64 arguments, and the chunk bounds of a parallel full reduction (blocks
+    of BLOCK terms, split into chunks) tile [0, n) without overflow for n = 2**40 (they would overflow only
+    within BLOCK of 2**63 elements)."""
     kernel = _full_reduction_kernel()
     source = cpu.module_source(kernel)
     parallel = source.split("def serial_kernel")[0]
     rules = {name: re.search(rf"^ +{name} = (.+)$", parallel, re.M).group(1) for name in ("nb", "nc", "lo", "hi")}
-    assert re.search(r"for i0 in range\(lo, hi\):", parallel), parallel
+    assert re.search(rf"for b0 in range\(lo, hi, {cpu.BLOCK}\):", parallel), parallel
 
     def chunks(n: int) -> list[tuple[int, int]]:
         scope = {"n0": np.int64(n), "max": max, "min": min}
@@ -232,7 +233,7 @@ def test_index_arithmetic_is_64_bit() -> None:
     assert spans[0][0] == 0 and spans[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     with pytest.raises(FloatingPointError):
-        chunks(2 ** 58)
+        chunks(2 ** 63 - 1)
 
     compiled = compiler.load(source, {"serial_kernel": {}})
     x = np.arange(10.0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import api
+from jitgrad import arguments
 
 
 def swish_rms_norm(x, weight):
@@ -56,7 +56,7 @@ def test_traced_functions_take_tensors_and_return_tensors_of_their_dtype() -> No
 
 def test_tensor_arguments_are_viewed_not_copied() -> None:
     t = torch.arange(6.0).reshape(2, 3).t()  # non-contiguous
-    (viewed,), was_tensor = api._numpy_args((t,), "f")
+    (viewed,), was_tensor = arguments.numpy_args((t,), "f")
     assert was_tensor and np.shares_memory(viewed, t.numpy()) and viewed.strides == t.numpy().strides
     np.testing.assert_array_equal(jg.trace(lambda a: a * 2)(t).numpy(), 2 * t.numpy())
 

@@ -1,23 +1,72 @@
-"""Shared machinery of jitgrad's ops: operand avals, numpy's dtype promotion, broadcasting, casts, axes."""
+"""What every op module builds on: operand avals, numpy's dtype promotion (NEP 50), broadcasting,
+axes, and the primitives those need themselves: `convert` and the views `broadcast_to`, `reshape`
+and `transpose`. Also the helpers that declare an elementwise primitive with its numpy ufunc binding."""
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import primitives as P
+from .. import lax as L
+from ..dispatch import implements
 from ..errors import ShapeError, UnsupportedError
-from ..ir import Aval
-from ..tracing import Tracer, bind, builder_aval, where_text
-
+from ..ir import Atom, Aval, Eqn
+from ..primitive import Kind, Lowering, Primitive, declare, lowerings
+from ..tracing import Tracer, bind, builder_aval, constant_of, where_text
 
 ArrayLike = Any
+VECMATH = "jitgrad.kernels.vecmath"
 
 
 def aval_of(x: ArrayLike) -> Aval:
     return builder_aval(x)
 
+
+# ---------------------------------------------------------------------- shape/dtype rules
+
+def same_aval(avals: Sequence[Aval], **_: Any) -> Aval:
+    """Elementwise: operands of one shape and dtype; weak (a Python number) only if all are."""
+    first = avals[0]
+    return Aval(first.shape, first.dtype, all(a.weak for a in avals))
+
+
+def bool_aval(avals: Sequence[Aval], **_: Any) -> Aval:
+    return Aval(avals[0].shape, np.dtype(bool), False)
+
+
+# ---------------------------------------------------------------------- declaring elementwise primitives
+
+def elementwise_primitive(name: str, impl: Callable[..., Any], vjp: Callable[..., Any] | None,
+                          lowering: dict[str, Lowering], *, costly: bool = False,
+                          rule: Callable[..., Aval] = same_aval, simplify: Any = None,
+                          backward_label: str = "") -> Primitive:
+    """Declare an elementwise primitive; `vjp(g, *inputs, out)` returns one cotangent per input (None: zero)."""
+    rule_fn = None if vjp is None else (lambda cts, ins, outs, **params: list(_as_tuple(vjp(cts[0], *ins, outs[0]))))
+    return declare(Primitive(name, Kind.ELEMENTWISE, rule, impl, rule_fn, lowering, costly=costly,
+                             simplify=simplify, backward_label=backward_label))
+
+
+def _as_tuple(x: Any) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def ufunc_binding(ufunc: np.ufunc, prim: Primitive, name: str | None = None,
+                  compute: Callable[..., ArrayLike] | None = None, aliases: tuple[str, ...] = ()) -> Callable:
+    """The numpy binding of `ufunc` by `prim`: numpy's broadcasting and promotion, then the primitive
+    (`compute` instead, for comparisons and logic). Exported as `jg.<name>`."""
+    if ufunc.nin == 1:
+        def op(x: ArrayLike, /) -> ArrayLike:
+            return compute(x) if compute else elementwise(prim, ufunc, x)
+    else:
+        def op(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:  # type: ignore[misc]
+            return compute(x1, x2) if compute else elementwise(prim, ufunc, x1, x2)
+    op.__name__ = op.__qualname__ = name or ufunc.__name__
+    op.__doc__ = f"numpy.{ufunc.__name__}, elementwise, with numpy's broadcasting and dtype promotion."
+    return implements(ufunc, aliases=aliases)(op)
+
+
+# ---------------------------------------------------------------------- promotion and broadcasting
 
 def _dummy(a: Aval) -> Any:
     """A stand-in value numpy can type: a Python scalar for weak values, a 1-element array otherwise."""
@@ -49,34 +98,13 @@ def broadcast_shapes(op: str, *xs: ArrayLike) -> tuple[int, ...]:
                          f"together{where_text()}") from None
 
 
-def convert(x: ArrayLike, dtype: Any, weak: bool = False) -> ArrayLike:
-    """Cast to `dtype`; a no-op when it already has it. Constants are cast right away."""
-    dtype = np.dtype(dtype)
-    a = aval_of(x)
-    if a.dtype == dtype and a.weak == weak:
-        return x
-    if not isinstance(x, Tracer):
-        if weak and np.ndim(x) == 0:
-            return np.asarray(x).astype(dtype).item()
-        return np.asarray(x).astype(dtype)
-    return bind(P.convert_p, x, dtype=dtype, weak=weak)
+def check_computable(op: str, dtype: np.dtype, xs: Sequence[ArrayLike]) -> None:
+    if dtype.kind not in "biuf" or dtype == np.float16:
+        raise UnsupportedError(f"{op}: dtype {dtype} (from operands {[str(aval_of(x)) for x in xs]}) is not "
+                               f"supported{where_text()}")
 
 
-def broadcast_to(x: ArrayLike, shape: Sequence[int]) -> ArrayLike:
-    shape = tuple(int(d) for d in shape)
-    a = aval_of(x)
-    if a.shape == shape:
-        return x
-    try:
-        np.broadcast_shapes(a.shape, shape)
-        if len(a.shape) > len(shape) or np.broadcast_shapes(a.shape, shape) != shape:
-            raise ValueError
-    except ValueError:
-        raise ShapeError(f"broadcast_to: cannot broadcast shape {a.shape} to {shape}{where_text()}") from None
-    return bind(P.broadcast_to_p, x, shape=shape)
-
-
-def elementwise(prim: P.Primitive, numpy_fn: Any, *xs: ArrayLike, compute_dtype: np.dtype | None = None
+def elementwise(prim: Primitive, numpy_fn: Any, *xs: ArrayLike, compute_dtype: np.dtype | None = None
                 ) -> ArrayLike:
     """Apply an elementwise primitive with numpy's broadcasting and promotion.
 
@@ -100,20 +128,14 @@ def fitting_python_int(x: ArrayLike, dtype: np.dtype) -> ArrayLike:
     if not a.weak or a.dtype.kind not in "iu" or a.dtype == dtype:
         return x
     if isinstance(x, Tracer):
-        return bind(P.check_int_range_p, x, dtype=dtype)
+        return bind(check_int_range_p, x, dtype=dtype)
     info = np.iinfo(dtype)
     if not info.min <= int(x) <= info.max:
         raise OverflowError(f"Python integer {int(x)} out of bounds for {dtype}{where_text()}")
     return x
 
 
-def check_computable(op: str, dtype: np.dtype, xs: Sequence[ArrayLike]) -> None:
-    if dtype.kind not in "biuf" or dtype == np.float16:
-        raise UnsupportedError(f"{op}: dtype {dtype} (from operands {[str(aval_of(x)) for x in xs]}) is not "
-                               f"supported{where_text()}")
-
-
-def compare(prim: P.Primitive, numpy_fn: Any, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+def compare(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
     """Comparisons: operands promoted to their common type, result bool. A Python int compares exactly with
     an integer array it does not fit (as numpy's do): both are then compared as int64."""
     common, weak = result_type(np.add, x, y)
@@ -127,11 +149,13 @@ def compare(prim: P.Primitive, numpy_fn: Any, x: ArrayLike, y: ArrayLike) -> Arr
 def normalize_axes(op: str, shape: Sequence[int], axis: Any) -> tuple[int, ...]:
     """numpy's axis argument (None, int, tuple, negative) as a sorted tuple of non-negative axes."""
     nd = len(shape)
+    axis = constant_of(axis)
     if axis is None:
         return tuple(range(nd))
     items = axis if isinstance(axis, (tuple, list)) else (axis,)
     out = []
     for a in items:
+        a = constant_of(a)
         if isinstance(a, Tracer) or not isinstance(a, (int, np.integer)):
             raise UnsupportedError(f"{op}: axis must be a Python int or a tuple of ints, got {a!r}{where_text()}")
         if not -nd <= a < nd:
@@ -141,3 +165,147 @@ def normalize_axes(op: str, shape: Sequence[int], axis: Any) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise ShapeError(f"{op}: repeated axis in {axis!r}{where_text()}")
     return tuple(sorted(out))
+
+
+# ---------------------------------------------------------------------- convert
+
+def _convert_rule(avals: Sequence[Aval], *, dtype: np.dtype, weak: bool = False) -> Aval:
+    return Aval(avals[0].shape, np.dtype(dtype), weak)
+
+
+def _convert_impl(x: Any, *, dtype: np.dtype, weak: bool = False) -> np.ndarray:
+    return np.asarray(x).astype(dtype)
+
+
+def _convert_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, dtype: Any, weak: bool = False
+                 ) -> list[Any]:
+    (x,) = ins
+    return [L.convert(cts[0], x.dtype, x.aval.weak) if x.aval.is_float else None]
+
+
+def _unchanged(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | None:
+    """A view, cast or reduction that leaves shape and dtype as they are is its input, bit for bit."""
+    (x,), (out,) = e.inputs, e.outs
+    return x if x.aval.shape == out.aval.shape and x.aval.dtype == out.aval.dtype else None
+
+
+convert_p = declare(Primitive("convert", Kind.ELEMENTWISE, _convert_rule, _convert_impl, _convert_vjp,
+                              lowerings("{cast}({0})"), simplify=_unchanged))
+
+
+def convert(x: ArrayLike, dtype: Any, weak: bool = False) -> ArrayLike:
+    """Cast to `dtype`; a no-op when it already has it. Constants are cast right away."""
+    dtype = np.dtype(dtype)
+    a = aval_of(x)
+    if a.dtype == dtype and a.weak == weak:
+        return x
+    if not isinstance(x, Tracer):
+        if weak and np.ndim(x) == 0:
+            return np.asarray(x).astype(dtype).item()
+        return np.asarray(x).astype(dtype)
+    return L.convert(x, dtype, weak)
+
+
+def _check_int_range_impl(x: Any, *, dtype: np.dtype) -> Any:
+    """A Python int argument (weakly typed, held as int64) meeting an array of a narrower integer dtype:
+    numpy raises OverflowError when it does not fit (NEP 50), and so does this step, at call time."""
+    value, info = int(np.asarray(x)), np.iinfo(dtype)
+    if not info.min <= value <= info.max:
+        raise OverflowError(f"Python integer {value} out of bounds for {np.dtype(dtype)}")
+    return x
+
+
+check_int_range_p = declare(Primitive("check_int_range", Kind.HOST, same_aval, _check_int_range_impl))
+
+
+# ---------------------------------------------------------------------- views
+
+def _broadcast_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _broadcast_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, shape: tuple[int, ...]
+                   ) -> list[Any]:
+    return [L.sum_to_shape(cts[0], ins[0].shape)]
+
+
+def _broadcast_index(e: Eqn, index: tuple) -> tuple:
+    src, out = e.inputs[0].aval.shape, e.outs[0].aval.shape
+    lead = len(out) - len(src)
+    return tuple(None if s == 1 else index[j + lead] for j, s in enumerate(src))
+
+
+def _compose_or_unchanged(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eqn | None:
+    """A reshape of a reshape (a broadcast of a broadcast) is one; one that changes nothing is its input."""
+    same = _unchanged(e, scalar_of, producer_of)
+    if same is not None:
+        return same
+    inner = producer_of(e.inputs[0])
+    if inner is not None and inner.prim is e.prim:
+        return Eqn(e.prim, (inner.inputs[0],), e.params, e.outs, e.source, e.label)
+    return None
+
+
+broadcast_to_p = declare(Primitive("broadcast_to", Kind.VIEW, _broadcast_rule, lambda x, *, shape: np.broadcast_to(
+    x, shape), _broadcast_vjp, index_map=_broadcast_index, simplify=_compose_or_unchanged,
+    backward_label="ExpandBackward"))
+
+
+def _reshape_index(e: Eqn, index: tuple) -> tuple | None:
+    src, out = e.inputs[0].aval.shape, e.outs[0].aval.shape
+    if [d for d in src if d != 1] != [d for d in out if d != 1]:
+        return None  # regroups axes: a copy, not a move of indices
+    live = iter([a for d, a in zip(out, index) if d != 1])
+    return tuple(None if d == 1 else next(live) for d in src)
+
+
+reshape_p = declare(Primitive(
+    "reshape", Kind.VIEW, _broadcast_rule, lambda x, *, shape: np.asarray(x).reshape(shape),
+    lambda cts, ins, outs, *, shape: [L.reshape(cts[0], ins[0].shape)], index_map=_reshape_index,
+    simplify=_compose_or_unchanged, backward_label="ViewBackward"))
+
+
+def _transpose_rule(avals: Sequence[Aval], *, perm: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(tuple(avals[0].shape[p] for p in perm))
+
+
+def _transpose_index(e: Eqn, index: tuple) -> tuple:
+    result: list[int | None] = [None] * len(index)
+    for j, p in enumerate(e.params["perm"]):
+        result[p] = index[j]
+    return tuple(result)
+
+
+def _transpose_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eqn | None:
+    """The identity permutation is its input; a transpose of a transpose is one (x.T.T is x)."""
+    perm = e.params["perm"]
+    if perm == tuple(range(len(perm))):
+        return e.inputs[0]
+    inner = producer_of(e.inputs[0])
+    if inner is not None and inner.prim is transpose_p:
+        composed = tuple(inner.params["perm"][p] for p in perm)
+        if composed == tuple(range(len(composed))):
+            return inner.inputs[0]
+        return Eqn(transpose_p, (inner.inputs[0],), {"perm": composed}, e.outs, e.source, e.label)
+    return None
+
+
+transpose_p = declare(Primitive(
+    "transpose", Kind.VIEW, _transpose_rule, lambda x, *, perm: np.transpose(x, perm),
+    lambda cts, ins, outs, *, perm: [L.transpose(cts[0], tuple(np.argsort(perm)))], index_map=_transpose_index,
+    simplify=_transpose_simplify, backward_label="PermuteBackward"))
+
+
+@implements(np.broadcast_to)
+def broadcast_to(array: ArrayLike, shape: Any) -> ArrayLike:
+    """numpy.broadcast_to: a view of `array` in a larger shape (no data is copied)."""
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    a = aval_of(array)
+    if a.shape == shape:
+        return array
+    try:
+        if len(a.shape) > len(shape) or np.broadcast_shapes(a.shape, shape) != shape:
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"broadcast_to: cannot broadcast shape {a.shape} to {shape}{where_text()}") from None
+    return bind(broadcast_to_p, array, shape=shape)

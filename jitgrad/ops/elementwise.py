@@ -1,209 +1,437 @@
-"""Elementwise ops with numpy's broadcasting and promotion: arithmetic, math, comparisons, logic, where."""
+"""Elementwise primitives, each declared next to its numpy binding: arithmetic, math, comparisons,
+logic and `where`; and the elementwise composites built from them (clip, fmax, square...).
+Over 400 lines: the elementwise op set is one table, a primitive and its binding a line or two each;
+split by theme it would scatter that table.
+
+A primitive's line gives its numpy reference, its VJP (with `jitgrad.lax`, exact dtypes), its lowering
+per backend (CPU template; CUDA and simulator where they differ) and whether it is costly to recompute;
+the line after it binds the numpy ufunc."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from .. import primitives as P
-from ..tracing import Tracer, bind
-from .core import ArrayLike, aval_of, broadcast_shapes, broadcast_to, check_computable, compare, convert, elementwise, result_type
+from .. import lax as L
+from ..dispatch import export, implements, register_method
+from ..errors import UnsupportedError
+from ..ir import Atom, Aval, Eqn
+from ..primitive import Kind, Primitive, declare, lowerings, stop_gradient_p
+from ..tracing import Tracer, bind, where_text
+from .core import (VECMATH, ArrayLike, aval_of, bool_aval, broadcast_shapes, broadcast_to, check_computable,
+                   compare, convert, elementwise, elementwise_primitive, result_type, ufunc_binding)
+
+E = elementwise_primitive
 
 
-def _float_unary(prim: P.Primitive, numpy_fn: Any) -> Any:
-    def op(x: ArrayLike) -> ArrayLike:
-        return elementwise(prim, numpy_fn, x)
-
-    op.__name__ = numpy_fn.__name__
-    op.__doc__ = f"Elementwise {numpy_fn.__name__}, as numpy's (ints promote to float)."
-    return op
-
-
-exp = _float_unary(P.exp_p, np.exp)
-expm1 = _float_unary(P.expm1_p, np.expm1)
-log = _float_unary(P.log_p, np.log)
-log1p = _float_unary(P.log1p_p, np.log1p)
-sin = _float_unary(P.sin_p, np.sin)
-cos = _float_unary(P.cos_p, np.cos)
-tan = _float_unary(P.tan_p, np.tan)
-tanh = _float_unary(P.tanh_p, np.tanh)
-sinh = _float_unary(P.sinh_p, np.sinh)
-cosh = _float_unary(P.cosh_p, np.cosh)
-arcsin = _float_unary(P.arcsin_p, np.arcsin)
-arccos = _float_unary(P.arccos_p, np.arccos)
-arctan = _float_unary(P.arctan_p, np.arctan)
-arcsinh = _float_unary(P.arcsinh_p, np.arcsinh)
-arctanh = _float_unary(P.arctanh_p, np.arctanh)
-sqrt = _float_unary(P.sqrt_p, np.sqrt)
-negative = _float_unary(P.neg_p, np.negative)
-absolute = _float_unary(P.abs_p, np.absolute)
-sign = _float_unary(P.sign_p, np.sign)
-floor = _float_unary(P.floor_p, np.floor)
-ceil = _float_unary(P.ceil_p, np.ceil)
-rint = _float_unary(P.rint_p, np.rint)
+def _math(name: str, vec: str | None = None, gpu: str | None = None) -> dict:
+    """Lowerings of a math function: numpy's (or vecmath's `vec`) on the CPU, libdevice's on CUDA, numpy's in
+    the simulator (whose Python `math` raises on inf and nan)."""
+    cpu = f"{vec}({{0}})" if vec else f"np.{name}({{0}})"
+    return lowerings(cpu, f"math.{gpu or name}({{0}})", f"np.{name}({{0}})",
+                     imports=(f"{VECMATH}.{vec}",) if vec else ())
 
 
-def erf(x: ArrayLike) -> ArrayLike:
-    """The error function, elementwise; ints promote to float as numpy's float functions do (np.sin's rule)."""
-    return elementwise(P.erf_p, np.sin, x)
+# ---------------------------------------------------------------------- unary math
+
+neg_p = E("neg", np.negative, lambda g, x, out: L.neg(g), lowerings("(-{0})"),
+          simplify=lambda e, scalar_of, producer_of: _involution(e, producer_of))
+exp_p = E("exp", np.exp, lambda g, x, out: L.mul(g, out), _math("exp", "vexp"), costly=True)
+expm1_p = E("expm1", np.expm1, lambda g, x, out: L.mul(g, L.add(out, 1)), _math("expm1", "vexpm1"), costly=True)
+log_p = E("log", np.log, lambda g, x, out: L.div(g, x), _math("log", "vlog"), costly=True)
+log1p_p = E("log1p", np.log1p, lambda g, x, out: L.div(g, L.add(x, 1)), _math("log1p", "vlog1p"), costly=True)
+sin_p = E("sin", np.sin, lambda g, x, out: L.mul(g, L.cos(x)), _math("sin"), costly=True)
+cos_p = E("cos", np.cos, lambda g, x, out: L.neg(L.mul(g, L.sin(x))), _math("cos"), costly=True)
+tan_p = E("tan", np.tan, lambda g, x, out: L.mul(g, L.add(L.mul(out, out), 1)), _math("tan"), costly=True)
+tanh_p = E("tanh", np.tanh, lambda g, x, out: L.mul(g, L.sub(1, L.mul(out, out))), _math("tanh", "vtanh"),
+           costly=True)
+sinh_p = E("sinh", np.sinh, lambda g, x, out: L.mul(g, L.cosh(x)), _math("sinh"), costly=True)
+cosh_p = E("cosh", np.cosh, lambda g, x, out: L.mul(g, L.sinh(x)), _math("cosh"), costly=True)
+arcsin_p = E("arcsin", np.arcsin, lambda g, x, out: L.div(g, L.sqrt(L.sub(1, L.mul(x, x)))),
+             _math("arcsin", gpu="asin"), costly=True)
+arccos_p = E("arccos", np.arccos, lambda g, x, out: L.neg(L.div(g, L.sqrt(L.sub(1, L.mul(x, x))))),
+             _math("arccos", gpu="acos"), costly=True)
+arctan_p = E("arctan", np.arctan, lambda g, x, out: L.div(g, L.add(L.mul(x, x), 1)), _math("arctan", gpu="atan"),
+             costly=True)
+arcsinh_p = E("arcsinh", np.arcsinh, lambda g, x, out: L.div(g, L.sqrt(L.add(L.mul(x, x), 1))),
+              _math("arcsinh", gpu="asinh"), costly=True)
+arctanh_p = E("arctanh", np.arctanh, lambda g, x, out: L.div(g, L.sub(1, L.mul(x, x))),
+              _math("arctanh", gpu="atanh"), costly=True)
+sqrt_p = E("sqrt", np.sqrt, lambda g, x, out: L.div(L.mul(g, 0.5), out), _math("sqrt"))
+abs_p = E("abs", np.absolute, lambda g, x, out: L.mul(g, L.sign(x)), lowerings("abs({0})"))
+sign_p = E("sign", np.sign, None, lowerings(
+    "np.sign({0})", "({cast}(1) if {0} > 0 else ({cast}(-1) if {0} < 0 else ({0} if {0} != {0} else {cast}(0))))",
+    "np.sign({0})"))
+floor_p = E("floor", np.floor, None, _math("floor"))
+ceil_p = E("ceil", np.ceil, None, _math("ceil"))
+rint_p = E("rint", np.rint, None, lowerings("np.rint({0})", "libdevice.rint{f}({0})", "np.rint({0})"))
+isnan_p = E("isnan", np.isnan, None, _math("isnan"), rule=bool_aval)
+isfinite_p = E("isfinite", np.isfinite, None, _math("isfinite"), rule=bool_aval)
 
 
-def round(x: ArrayLike, decimals: int = 0) -> ArrayLike:
-    """numpy.round: halves to even, as x * 10**decimals rounded then scaled back (numpy's own recipe)."""
-    a = aval_of(x)
-    if not a.is_float:
-        return x if decimals >= 0 else convert(multiply(rint(divide(x, 10.0 ** -decimals)), 10 ** -decimals), a.dtype)
-    if decimals == 0:
-        return rint(x)
-    if decimals > 0:
-        return divide(rint(multiply(x, 10.0 ** decimals)), 10.0 ** decimals)
-    return multiply(rint(divide(x, 10.0 ** -decimals)), 10.0 ** -decimals)
+def _erf_impl(x: Any) -> np.ndarray:
+    """numpy has no erf: evaluate math.erf per element in float64, round once to the input's dtype."""
+    x = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
 
 
-def isnan(x: ArrayLike) -> ArrayLike:
-    return bind(P.isnan_p, x) if aval_of(x).is_float else _zeros_bool(x)
+def _logistic_impl(x: Any) -> Any:
+    """1 / (1 + exp(-x)) without overflow: exp is only ever taken of -|x|."""
+    x = np.asarray(x)
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
 
-def isfinite(x: ArrayLike) -> ArrayLike:
-    return bind(P.isfinite_p, x) if aval_of(x).is_float else logical_not(_zeros_bool(x))
+_LOGISTIC = "({cast}(1) / ({cast}(1) + F(-{0})) if {0} >= 0 else F({0}) / ({cast}(1) + F({0})))"
+erf_p = E("erf", _erf_impl, lambda g, x, out: L.mul(g, L.mul(L.exp(L.neg(L.mul(x, x))), 2.0 / math.sqrt(math.pi))),
+          lowerings("{cast}(math.erf({0}))", "math.erf({0})", "{cast}(math.erf({0}))"), costly=True)
+logistic_p = E("logistic", _logistic_impl, lambda g, x, out: L.mul(L.mul(g, out), L.sub(1, out)),
+               lowerings("vsigmoid({0})", _LOGISTIC.replace("F", "math.exp"), _LOGISTIC.replace("F", "np.exp"),
+                         imports=(f"{VECMATH}.vsigmoid",)), costly=True)
+
+
+def _involution(e: Eqn, producer_of: Any) -> Atom | None:
+    """-(-x) is x."""
+    inner = producer_of(e.inputs[0])
+    return inner.inputs[0] if inner is not None and inner.prim is e.prim else None
+
+
+negative = ufunc_binding(np.negative, neg_p)
+exp = ufunc_binding(np.exp, exp_p)
+expm1 = ufunc_binding(np.expm1, expm1_p)
+log = ufunc_binding(np.log, log_p)
+log1p = ufunc_binding(np.log1p, log1p_p)
+sin = ufunc_binding(np.sin, sin_p)
+cos = ufunc_binding(np.cos, cos_p)
+tan = ufunc_binding(np.tan, tan_p)
+tanh = ufunc_binding(np.tanh, tanh_p)
+sinh = ufunc_binding(np.sinh, sinh_p)
+cosh = ufunc_binding(np.cosh, cosh_p)
+arcsin = ufunc_binding(np.arcsin, arcsin_p)
+arccos = ufunc_binding(np.arccos, arccos_p)
+arctan = ufunc_binding(np.arctan, arctan_p)
+arcsinh = ufunc_binding(np.arcsinh, arcsinh_p)
+arctanh = ufunc_binding(np.arctanh, arctanh_p)
+sqrt = ufunc_binding(np.sqrt, sqrt_p)
+sign = ufunc_binding(np.sign, sign_p)
+floor = ufunc_binding(np.floor, floor_p)
+ceil = ufunc_binding(np.ceil, ceil_p)
+rint = ufunc_binding(np.rint, rint_p)
+absolute = ufunc_binding(np.absolute, abs_p, aliases=("abs",))
+ufunc_binding(np.fabs, abs_p, name="fabs")
+
+
+@implements(np.isnan)
+def isnan(x: ArrayLike, /) -> ArrayLike:
+    """numpy.isnan (False everywhere for integer arrays)."""
+    return bind(isnan_p, x) if aval_of(x).is_float else _zeros_bool(x)
+
+
+@implements(np.isfinite)
+def isfinite(x: ArrayLike, /) -> ArrayLike:
+    """numpy.isfinite (True everywhere for integer arrays)."""
+    return bind(isfinite_p, x) if aval_of(x).is_float else logical_not(_zeros_bool(x))
 
 
 def _zeros_bool(x: ArrayLike) -> ArrayLike:
     return broadcast_to(np.zeros((), bool), aval_of(x).shape)
 
 
-def add(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return elementwise(P.add_p, np.add, x, y)
+@implements(np.round, method="round", aliases=("around",))
+def round(a: ArrayLike, decimals: int = 0) -> ArrayLike:
+    """numpy.round: halves to even, as x * 10**decimals rounded then scaled back (numpy's own recipe)."""
+    av = aval_of(a)
+    if not av.is_float:
+        return a if decimals >= 0 else convert(multiply(rint(divide(a, 10.0 ** -decimals)), 10 ** -decimals),
+                                               av.dtype)
+    if decimals == 0:
+        return rint(a)
+    if decimals > 0:
+        return divide(rint(multiply(a, 10.0 ** decimals)), 10.0 ** decimals)
+    return multiply(rint(divide(a, 10.0 ** -decimals)), 10.0 ** -decimals)
 
 
-def subtract(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return elementwise(P.sub_p, np.subtract, x, y)
+implements(np.around, export=False)(round)
 
 
-def multiply(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return elementwise(P.mul_p, np.multiply, x, y)
+@export
+def erf(x: ArrayLike) -> ArrayLike:
+    """The error function, elementwise; ints promote to float as numpy's float functions do (np.sin's rule)."""
+    return elementwise(erf_p, np.sin, x)
 
 
-def divide(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return elementwise(P.div_p, np.true_divide, x, y)
+@export
+def sigmoid(x: ArrayLike) -> ArrayLike:
+    """1 / (1 + exp(-x)), a primitive: stable for large |x|, gradient out * (1 - out) everywhere."""
+    return elementwise(logistic_p, np.exp, x)
 
 
-def power(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    if isinstance(y, (int, float)) and not isinstance(y, bool):
-        if y == 2:
-            return multiply(x, x)
-        if y == 1:
-            return elementwise(P.mul_p, np.multiply, x, 1)
-    return elementwise(P.pow_p, np.power, x, y)
+# ---------------------------------------------------------------------- binary arithmetic
+
+def _pow_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
+    """d/dx = y*x**(y-1) (0 where y == 0); d/dy = out*log(x) (0 where x == 0 and y >= 0), as torch."""
+    gx = L.select(L.eq(y, 0), 0, L.mul(g, L.mul(y, L.pow(x, L.sub(y, 1)))))
+    zero_base = L.logical_and(L.eq(x, 0), L.ge(y, 0))
+    gy = L.select(zero_base, 0, L.mul(L.mul(g, out), L.log(L.select(L.eq(x, 0), 1, x))))
+    return gx, gy
 
 
-def maximum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return elementwise(P.maximum_p, np.maximum, x, y)
+def _extremum_vjp(wins: str) -> Any:
+    """Ties split the gradient evenly, as torch.maximum/minimum and JAX do; exact in the gradient's dtype."""
+    def vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
+        beats = L.gt(x, y) if wins == "max" else L.lt(x, y)
+        share_x = L.select(beats, L.ones_like(g), L.select(L.eq(x, y), L.full_like(g, 0.5), L.zeros_like(g)))
+        return L.mul(g, share_x), L.mul(g, L.sub(1, share_x))
+    return vjp
 
 
-def minimum(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return elementwise(P.minimum_p, np.minimum, x, y)
+def _atan2_vjp(g: Any, y: Any, x: Any, out: Any) -> tuple[Any, Any]:
+    denom = L.add(L.mul(x, x), L.mul(y, y))
+    return L.div(L.mul(g, x), denom), L.neg(L.div(L.mul(g, y), denom))
 
 
-def arctan2(y: ArrayLike, x: ArrayLike) -> ArrayLike:
-    return elementwise(P.atan2_p, np.arctan2, y, x)
+def _unit_rewrite(unit: float, left: bool) -> Any:
+    """x op unit -> x (and unit op x -> x when `left`): exact for every x, -0.0, inf and nan included."""
+    def rewrite(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | None:
+        x, y = e.inputs
+        out = e.outs[0].aval
+
+        def fits(a: Atom) -> bool:
+            return a.aval.shape == out.shape and a.aval.dtype == out.dtype
+
+        cy = scalar_of(y)
+        if cy is not None and cy == unit and not np.signbit(cy) and fits(x):
+            return x
+        cx = scalar_of(x) if left else None
+        if cx is not None and cx == unit and not np.signbit(cx) and fits(y):
+            return y
+        return None
+    return rewrite
 
 
-def less(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return compare(P.lt_p, np.less, x, y)
+add_p = E("add", np.add, lambda g, x, y, out: (g, g), lowerings("({0} + {1})"))
+sub_p = E("sub", np.subtract, lambda g, x, y, out: (g, L.neg(g)), lowerings("({0} - {1})"),
+          simplify=_unit_rewrite(0.0, left=False))  # x - (+0) is x; x + 0 is not (-0 + 0 is +0)
+mul_p = E("mul", np.multiply, lambda g, x, y, out: (L.mul(g, y), L.mul(g, x)), lowerings("({0} * {1})"),
+          simplify=_unit_rewrite(1.0, left=True))
+div_p = E("div", np.true_divide, lambda g, x, y, out: (L.div(g, y), L.neg(L.div(L.mul(g, out), y))),
+          lowerings("({0} / {1})"), simplify=_unit_rewrite(1.0, left=False))
+pow_p = E("pow", np.power, _pow_vjp, lowerings("({0} ** {1})"), costly=True)
+# Ties return the second operand, as numpy's do (maximum(-0.0, 0.0) is 0.0); NaN in either operand propagates.
+maximum_p = E("maximum", np.maximum, _extremum_vjp("max"), lowerings("({0} if ({0} > {1} or {0} != {0}) else {1})"))
+minimum_p = E("minimum", np.minimum, _extremum_vjp("min"), lowerings("({0} if ({0} < {1} or {0} != {0}) else {1})"))
+atan2_p = E("atan2", np.arctan2, _atan2_vjp, lowerings("np.arctan2({0}, {1})", "math.atan2({0}, {1})",
+                                                        "np.arctan2({0}, {1})"), costly=True)
+
+# numpy's remainder (the sign of the divisor; numpy's float rule, zero signs included): fmod, moved by
+# one divisor where the signs differ, -0/+0 as the divisor's sign. Integers: 0 for a zero divisor (and
+# for -1, whose remainder is always 0 and whose hardware division of the smallest int would trap).
+_FMOD = "{cast}(math.fmod({0}, {1}))"
+_REMAINDER = f"({_FMOD} + {{1}} if ({_FMOD} != 0 and (({{1}} < 0) != ({_FMOD} < 0))) else " \
+             f"({_FMOD} if {_FMOD} != 0 else math.copysign({{cast}}(0), {{1}})))"
+remainder_p = E("remainder", np.remainder, lambda g, x, y, out: (g, L.neg(L.mul(g, L.floor(L.div(x, y))))),
+                lowerings(_REMAINDER.replace("math.", "np."), _REMAINDER, _REMAINDER.replace("math.", "np."),
+                          integer="({cast}(0) if ({1} == 0 or {1} == -1) else {0} % {1})"))
+
+add = ufunc_binding(np.add, add_p)
+remainder = ufunc_binding(np.remainder, remainder_p, aliases=("mod",))
+subtract = ufunc_binding(np.subtract, sub_p)
+multiply = ufunc_binding(np.multiply, mul_p)
+divide = ufunc_binding(np.true_divide, div_p, name="divide")
+maximum = ufunc_binding(np.maximum, maximum_p)
+minimum = ufunc_binding(np.minimum, minimum_p)
+arctan2 = ufunc_binding(np.arctan2, atan2_p)
 
 
-def less_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return compare(P.le_p, np.less_equal, x, y)
+@implements(np.power)
+def power(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
+    """numpy.power; x ** 2 is x * x (the same numbers, and a cheaper gradient)."""
+    if isinstance(x2, (int, float)) and not isinstance(x2, bool):
+        if x2 == 2:
+            return multiply(x1, x1)
+        if x2 == 1:
+            return elementwise(mul_p, np.multiply, x1, 1)
+    return elementwise(pow_p, np.power, x1, x2)
 
 
-def greater(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return compare(P.gt_p, np.greater, x, y)
+@implements(np.float_power)
+def float_power(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
+    """numpy.float_power: power computed in float64."""
+    return power(convert(x1, np.float64), x2)
 
 
-def greater_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return compare(P.ge_p, np.greater_equal, x, y)
+@implements(np.square)
+def square(x: ArrayLike, /) -> ArrayLike:
+    return multiply(x, x)
 
 
-def equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return compare(P.eq_p, np.equal, x, y)
+@implements(np.reciprocal)
+def reciprocal(x: ArrayLike, /) -> ArrayLike:
+    return divide(1.0, x) if aval_of(x).is_float else elementwise(div_p, np.reciprocal, 1, x)
 
 
-def not_equal(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return compare(P.ne_p, np.not_equal, x, y)
+@implements(np.positive)
+def positive(x: ArrayLike, /) -> ArrayLike:
+    return x
+
+
+def _log_base(ufunc: np.ufunc, base: float) -> None:
+    def op(x: ArrayLike, /) -> ArrayLike:
+        return divide(elementwise(log_p, ufunc, x), float(np.log(base)))
+    op.__name__ = op.__qualname__ = ufunc.__name__
+    implements(ufunc)(op)
+
+
+_log_base(np.log2, 2.0)
+_log_base(np.log10, 10.0)
+
+
+@implements(np.exp2)
+def exp2(x: ArrayLike, /) -> ArrayLike:
+    return elementwise(exp_p, np.exp2, multiply(x, float(np.log(2.0))) if aval_of(x).is_float
+                       else multiply(convert(x, result_type(np.exp2, x)[0]), float(np.log(2.0))))
+
+
+# ---------------------------------------------------------------------- comparisons and logic
+
+lt_p = E("lt", np.less, None, lowerings("({0} < {1})"), rule=bool_aval)
+le_p = E("le", np.less_equal, None, lowerings("({0} <= {1})"), rule=bool_aval)
+gt_p = E("gt", np.greater, None, lowerings("({0} > {1})"), rule=bool_aval)
+ge_p = E("ge", np.greater_equal, None, lowerings("({0} >= {1})"), rule=bool_aval)
+eq_p = E("eq", np.equal, None, lowerings("({0} == {1})"), rule=bool_aval)
+ne_p = E("ne", np.not_equal, None, lowerings("({0} != {1})"), rule=bool_aval)
+logical_and_p = E("logical_and", np.logical_and, None, lowerings("({0} and {1})"), rule=bool_aval)
+logical_or_p = E("logical_or", np.logical_or, None, lowerings("({0} or {1})"), rule=bool_aval)
+logical_xor_p = E("logical_xor", np.logical_xor, None, lowerings("({0} != {1})"), rule=bool_aval)
+logical_not_p = E("logical_not", np.logical_not, None, lowerings("(not {0})"), rule=bool_aval)
+
+less = ufunc_binding(np.less, lt_p, compute=lambda x, y: compare(lt_p, x, y))
+less_equal = ufunc_binding(np.less_equal, le_p, compute=lambda x, y: compare(le_p, x, y))
+greater = ufunc_binding(np.greater, gt_p, compute=lambda x, y: compare(gt_p, x, y))
+greater_equal = ufunc_binding(np.greater_equal, ge_p, compute=lambda x, y: compare(ge_p, x, y))
+equal = ufunc_binding(np.equal, eq_p, compute=lambda x, y: compare(eq_p, x, y))
+not_equal = ufunc_binding(np.not_equal, ne_p, compute=lambda x, y: compare(ne_p, x, y))
 
 
 def _as_bool(x: ArrayLike) -> ArrayLike:
     return x if aval_of(x).dtype == np.bool_ else not_equal(x, 0)
 
 
-def _logical(prim: P.Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
+def _logical(prim: Primitive, x: ArrayLike, y: ArrayLike) -> ArrayLike:
     shape = broadcast_shapes(prim.name, x, y)
     return bind(prim, broadcast_to(_as_bool(x), shape), broadcast_to(_as_bool(y), shape))
 
 
-def logical_and(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return _logical(P.logical_and_p, x, y)
+logical_and = ufunc_binding(np.logical_and, logical_and_p, compute=lambda x, y: _logical(logical_and_p, x, y))
+logical_or = ufunc_binding(np.logical_or, logical_or_p, compute=lambda x, y: _logical(logical_or_p, x, y))
+logical_xor = ufunc_binding(np.logical_xor, logical_xor_p, compute=lambda x, y: _logical(logical_xor_p, x, y))
+logical_not = ufunc_binding(np.logical_not, logical_not_p, compute=lambda x: bind(logical_not_p, _as_bool(x)))
 
 
-def logical_or(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return _logical(P.logical_or_p, x, y)
+def _on_bools(ufunc: np.ufunc, logical: Any) -> None:
+    """Bitwise ops are their logical counterparts on bool arrays; on integers they are not supported."""
+    def op(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
+        avals = [aval_of(v) for v in (x1, x2)]
+        if any(a.dtype != np.bool_ for a in avals):
+            raise UnsupportedError(f"numpy.{ufunc.__name__} of {avals[0]} and {avals[1]}: bitwise ops are supported "
+                                   f"on bool arrays only{where_text()}")
+        return logical(x1, x2)
+    op.__name__ = op.__qualname__ = ufunc.__name__
+    implements(ufunc, export=False)(op)
 
 
-def logical_xor(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return _logical(P.logical_xor_p, x, y)
+_on_bools(np.bitwise_and, logical_and)
+_on_bools(np.bitwise_or, logical_or)
+_on_bools(np.bitwise_xor, logical_xor)
 
 
-def logical_not(x: ArrayLike) -> ArrayLike:
-    return bind(P.logical_not_p, _as_bool(x))
+@implements(np.invert, export=False)
+def invert(x: ArrayLike, /) -> ArrayLike:
+    """~x: logical not of a bool array (bitwise inversion of integers is not supported)."""
+    if aval_of(x).dtype != np.bool_:
+        raise UnsupportedError(f"numpy.invert of {aval_of(x)}: bitwise ops are supported on bool arrays only"
+                               f"{where_text()}")
+    return logical_not(x)
 
 
-def where(cond: ArrayLike, x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """Select `x` where `cond` holds, else `y` (numpy.where with three arguments)."""
-    shape = broadcast_shapes("where", cond, x, y)
+# ---------------------------------------------------------------------- where, casts, stop_gradient
+
+def _where_rule(avals: Any, **_: Any) -> Aval:
+    return Aval(avals[1].shape, avals[1].dtype, avals[1].weak and avals[2].weak)
+
+
+where_p = declare(Primitive(
+    "where", Kind.ELEMENTWISE, _where_rule, np.where,
+    lambda cts, ins, outs: [None, L.select(ins[0], cts[0], 0), L.select(ins[0], 0, cts[0])],
+    lowerings("({1} if {0} else {2})")))
+
+
+@implements(np.where, signature="(condition, x=NO_VALUE, y=NO_VALUE, /)")
+def where(condition: ArrayLike, x: ArrayLike = np._NoValue, y: ArrayLike = np._NoValue, /) -> ArrayLike:
+    """numpy.where with three arguments: `x` where `condition` holds, else `y`."""
+    if x is np._NoValue or y is np._NoValue:
+        raise UnsupportedError(f"numpy.where with one argument (the indices of nonzero elements) has a "
+                               f"data-dependent shape and cannot be traced; use np.where(cond, a, b){where_text()}")
+    shape = broadcast_shapes("where", condition, x, y)
     dtype, weak = result_type(np.add, x, y)
     if aval_of(x).dtype == aval_of(y).dtype == np.bool_:
         dtype, weak = np.dtype(bool), False
-    c = broadcast_to(_as_bool(cond), shape)
-    return bind(P.where_p, c, broadcast_to(convert(x, dtype, weak), shape), broadcast_to(convert(y, dtype, weak), shape))
+    c = broadcast_to(_as_bool(condition), shape)
+    return bind(where_p, c, broadcast_to(convert(x, dtype, weak), shape), broadcast_to(convert(y, dtype, weak), shape))
 
 
-def clip(x: ArrayLike, lo: ArrayLike | None = None, hi: ArrayLike | None = None) -> ArrayLike:
-    """numpy.clip (NaN stays NaN, hi wins when lo > hi); the gradient is 1 on the closed interval and goes
-    to the bound outside it, as torch.clamp."""
+@implements(np.clip, method="clip", method_signature="(self, /, min=NO_VALUE, max=NO_VALUE, out=None, **kwargs)")
+def clip(a: ArrayLike, a_min: ArrayLike = np._NoValue, a_max: ArrayLike = np._NoValue, *,
+         min: ArrayLike = np._NoValue, max: ArrayLike = np._NoValue) -> ArrayLike:
+    """numpy.clip (also with numpy 2.1's min=/max= names): NaN stays NaN, the upper bound wins when the
+    bounds cross; the gradient is 1 on the closed interval and goes to the bound outside it, as torch.clamp."""
+    lo = _one_bound("min", a_min, min)
+    hi = _one_bound("max", a_max, max)
     if lo is not None:
-        x = where(less(x, lo), lo, x)
+        a = where(less(a, lo), lo, a)
     if hi is not None:
-        x = where(greater(x, hi), hi, x)
-    return x
+        a = where(greater(a, hi), hi, a)
+    return a
 
 
-def fmax(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+def _one_bound(name: str, positional: Any, keyword: Any) -> Any:
+    given = [v for v in (positional, keyword) if v is not np._NoValue]
+    if len(given) > 1:
+        raise TypeError(f"numpy.clip: pass the {name} bound once (a_{name}= or {name}=, not both){where_text()}")
+    return given[0] if given else None
+
+
+@implements(np.fmax)
+def fmax(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
     """numpy.fmax: the maximum, ignoring a NaN operand."""
-    return where(isnan(y), x, where(isnan(x), y, maximum(x, y)))
+    return where(isnan(x2), x1, where(isnan(x1), x2, maximum(x1, x2)))
 
 
-def fmin(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+@implements(np.fmin)
+def fmin(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
     """numpy.fmin: the minimum, ignoring a NaN operand."""
-    return where(isnan(y), x, where(isnan(x), y, minimum(x, y)))
+    return where(isnan(x2), x1, where(isnan(x1), x2, minimum(x1, x2)))
 
 
-def square(x: ArrayLike) -> ArrayLike:
-    return multiply(x, x)
-
-
-def reciprocal(x: ArrayLike) -> ArrayLike:
-    return divide(1.0, x)
-
-
+@export
 def stop_gradient(x: ArrayLike) -> ArrayLike:
     """The same values, but no gradient flows back through them."""
     if not isinstance(x, Tracer):
         return x
-    return bind(P.stop_gradient_p, x)
+    return bind(stop_gradient_p, x)
 
 
-def astype(x: ArrayLike, dtype: Any) -> ArrayLike:
+def astype(x: ArrayLike, dtype: Any, order: str = "K", casting: str = "unsafe", subok: bool = True,
+           copy: bool = True) -> ArrayLike:
+    """ndarray.astype: values cast to `dtype` (casting checked as numpy does; order and copy change no value)."""
     dtype = np.dtype(dtype)
     check_computable("astype", dtype, [x])
+    if casting != "unsafe" and not np.can_cast(aval_of(x).dtype, dtype, casting=casting):
+        raise TypeError(f"Cannot cast array data from {aval_of(x).dtype!r} to {dtype!r} according to the rule "
+                        f"{casting!r}{where_text()}")
     return convert(x, dtype)
+
+
+export(astype)
+register_method("astype", astype, "(self, /, dtype, order='K', casting='unsafe', subok=True, copy=True)")

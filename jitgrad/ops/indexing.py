@@ -1,4 +1,5 @@
-"""Indexing: numpy's basic and advanced `x[key]`, take, take_along_axis, repeat, and tracer indexing syntax."""
+"""Indexing: the gather and scatter-add primitives, numpy's basic and advanced `x[key]`, take,
+take_along_axis, repeat and one_hot."""
 from __future__ import annotations
 
 import builtins
@@ -6,16 +7,81 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import primitives as P
+from .. import lax as L
+from ..dispatch import export, implements
 from ..errors import ShapeError, TraceError, UnsupportedError
+from ..ir import Aval
+from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, constant_of, where_text
 from .core import ArrayLike, aval_of, broadcast_to, normalize_axes
-from .elementwise import astype, equal
+from .elementwise import astype, equal, maximum, minimum
 from .shapes import expand_dims, ravel, reshape, slice_region, transpose
 
 
-def repeat(x: ArrayLike, repeats: Any, axis: Any = None) -> ArrayLike:
+def _gather_rule(avals: Sequence[Aval], **_: Any) -> Aval:
+    x, *indices = avals
+    return x.with_shape(indices[0].shape + x.shape[len(indices):])
+
+
+def _gather_impl(x: Any, *indices: Any) -> np.ndarray:
+    """x[i0, i1, ...]: integer arrays (of one shape) indexing the leading axes of x."""
+    return np.asarray(x)[tuple(np.asarray(i) for i in indices)]
+
+
+def _gather_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> list[Any]:
+    x, *indices = ins
+    if _picks_one_per_row(x, indices):
+        return [_one_hot_rows(cts[0], indices[1], x)] + [None] * len(indices)
+    return [L.scatter_add(cts[0], indices, x.shape)] + [None] * len(indices)
+
+
+def _picks_one_per_row(x: Any, indices: Sequence[Any]) -> bool:
+    """Is this gather x[np.arange(rows), cols] on a matrix, the cross-entropy pattern?"""
+    if len(x.shape) != 2 or len(indices) != 2 or not isinstance(indices[0], np.ndarray):
+        return False
+    rows = indices[0]
+    return rows.shape == (x.shape[0],) and np.array_equal(rows, np.arange(x.shape[0]))
+
+
+def _one_hot_rows(g: Any, cols: Any, x: Any) -> Any:
+    """The gradient of x[arange(rows), cols] as where(cols[:, None] == arange(n), g[:, None], 0): elementwise,
+    so it fuses with the rest of the backward instead of scattering into a fresh array."""
+    rows, n = x.shape
+    cols = L.convert(cols, np.int64)
+    wrapped = L.select(L.lt(cols, 0), L.add(cols, n), cols)  # numpy's negative indices count from the end
+    column = L.broadcast_to(L.reshape(wrapped, (rows, 1)), (rows, n))
+    hit = L.eq(column, L.broadcast_to(np.arange(n, dtype=np.int64).reshape(1, n), (rows, n)))
+    return L.select(hit, L.broadcast_to(L.reshape(g, (rows, 1)), (rows, n)), 0)
+
+
+def _scatter_add_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _scatter_add_impl(g: Any, *indices: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """zeros(shape) with g added at [i0, i1, ...]; repeated indices accumulate (np.add.at)."""
+    g = np.asarray(g)
+    out = np.zeros(shape, g.dtype)
+    np.add.at(out, tuple(np.asarray(i) for i in indices), g)
+    return out
+
+
+def _scatter_add_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, shape: tuple[int, ...]
+                     ) -> list[Any]:
+    _, *indices = ins
+    return [L.gather(cts[0], indices)] + [None] * len(indices)
+
+
+gather_p = declare(Primitive("gather", Kind.HOST, _gather_rule, _gather_impl, _gather_vjp,
+                             backward_label="IndexBackward"))
+scatter_add_p = declare(Primitive("scatter_add", Kind.HOST, _scatter_add_rule, _scatter_add_impl, _scatter_add_vjp,
+                                  backward_label="IndexPutBackward"))
+
+
+@implements(np.repeat, method="repeat")
+def repeat(a: ArrayLike, repeats: Any, axis: Any = None) -> ArrayLike:
     """numpy.repeat with constant repeats (one count, or one per element along the axis)."""
+    x = a
     if axis is None:
         x, axis = ravel(x), 0
     shape = aval_of(x).shape
@@ -38,12 +104,7 @@ def repeat(x: ArrayLike, repeats: Any, axis: Any = None) -> ArrayLike:
 
 def gather(x: ArrayLike, indices: Sequence[ArrayLike]) -> ArrayLike:
     """x[i0, i1, ...] for integer arrays of one shape indexing the leading axes (a host step)."""
-    return bind(P.gather_p, x, *indices)
-
-
-def scatter_add(g: ArrayLike, indices: Sequence[ArrayLike], shape: Sequence[int]) -> ArrayLike:
-    """zeros(shape) with `g` added at [i0, i1, ...]; repeated indices accumulate, as np.add.at."""
-    return bind(P.scatter_add_p, g, *indices, shape=tuple(int(d) for d in shape))
+    return bind(gather_p, x, *indices)
 
 
 def _index_array(k: Any, shape: tuple[int, ...]) -> Any:
@@ -189,13 +250,28 @@ def _advanced_index(y: ArrayLike, entries: list[tuple[str, Any]], axes: list[int
     return reshape(taken, out)
 
 
-def take(x: ArrayLike, indices: Any, axis: Any = None) -> ArrayLike:
-    """numpy.take: the index dimensions replace `axis` (the flattened array when axis is None)."""
+@implements(np.take, method="take")
+def take(a: ArrayLike, indices: Any, axis: Any = None, mode: str = "raise") -> ArrayLike:
+    """numpy.take: the index dimensions replace `axis` (the flattened array when axis is None). mode "raise"
+    refuses out-of-range indices (a constant at trace time, a traced one when the gather runs); "wrap" counts
+    them modulo the length; "clip" moves them to the nearest end."""
+    x = a
     if axis is None:
         x, axis = ravel(x), 0
     shape = aval_of(x).shape
     (ax,) = normalize_axes("take", shape, axis)
-    return getitem(x, (slice(None),) * ax + (_take_index("take", indices, shape),))
+    idx = _take_index("take", indices, shape)
+    if mode not in ("raise", "wrap", "clip"):
+        raise ValueError(f"take: clipmode must be one of 'clip', 'raise', or 'wrap', got {mode!r}{where_text()}")
+    n = shape[ax]
+    if mode == "wrap":
+        if not isinstance(idx, np.ndarray):
+            raise UnsupportedError(f"take(..., mode='wrap') with traced indices is not supported; use mode='clip', or "
+                                   f"wrap the indices before tracing{where_text()}")
+        idx = np.mod(idx, n)
+    elif mode == "clip":
+        idx = np.clip(idx, 0, n - 1) if isinstance(idx, np.ndarray) else minimum(maximum(idx, 0), n - 1)
+    return getitem(x, (slice(None),) * ax + (idx,))
 
 
 def _take_index(op: str, indices: Any, shape: tuple[int, ...]) -> Any:
@@ -206,8 +282,10 @@ def _take_index(op: str, indices: Any, shape: tuple[int, ...]) -> Any:
     return idx
 
 
-def take_along_axis(x: ArrayLike, indices: Any, axis: Any) -> ArrayLike:
+@implements(np.take_along_axis)
+def take_along_axis(arr: ArrayLike, indices: Any, axis: Any = -1) -> ArrayLike:
     """numpy.take_along_axis: `indices` (same ndim as x) picks along `axis`, broadcasting the other axes."""
+    x = arr
     if axis is None:
         x, axis = ravel(x), 0
     shape = aval_of(x).shape
@@ -221,6 +299,7 @@ def take_along_axis(x: ArrayLike, indices: Any, axis: Any) -> ArrayLike:
     return getitem(x, key)
 
 
+@export
 def one_hot(indices: ArrayLike, n: int, dtype: Any = np.float64) -> ArrayLike:
     """Rows of the n x n identity picked by integer `indices` (an index outside [0, n) gives a zero row,
     as jax.nn.one_hot): `np.eye(n)[y]` written as a comparison, which fuses and needs no gather."""
@@ -232,17 +311,13 @@ def one_hot(indices: ArrayLike, n: int, dtype: Any = np.float64) -> ArrayLike:
     return astype(hit, dtype)
 
 
-def _tracer_iter(t: Tracer) -> Any:
+def tracer_iter(t: Tracer) -> Any:
+    """`for row in traced`: the rows, as numpy iterates an array."""
     if t.ndim == 0:
-        raise TypeError(f"iteration over a 0-d traced array{where_text()}")
+        raise TraceError(f"iteration over a 0-d traced array{where_text()}")
     return (getitem(t, k) for k in range(t.shape[0]))
 
 
-def _tracer_setitem(t: Tracer, key: Any, value: Any) -> None:
+def tracer_setitem(t: Tracer, key: Any, value: Any) -> None:
     raise UnsupportedError(f"traced arrays are immutable: x[...] = v cannot be traced (array of shape {t.shape}); "
                            f"build the result with np.where, np.concatenate or np.pad{where_text()}")
-
-
-Tracer.__getitem__ = getitem
-Tracer.__iter__ = _tracer_iter
-Tracer.__setitem__ = _tracer_setitem

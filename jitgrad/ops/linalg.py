@@ -1,13 +1,16 @@
-"""Linear algebra: matmul (BLAS between kernels), dot, inner, outer, tensordot, einsum."""
+"""Linear algebra: the matmul primitive (BLAS between kernels) and dot, inner, outer, tensordot, einsum."""
 from __future__ import annotations
 
 import builtins
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from .. import primitives as P
+from .. import lax as L
+from ..dispatch import implements
 from ..errors import ShapeError, UnsupportedError
+from ..ir import Aval
+from ..primitive import Kind, Primitive, declare
 from ..tracing import bind, where_text
 from .core import ArrayLike, aval_of, broadcast_to, check_computable, convert, normalize_axes, result_type
 from .elementwise import multiply
@@ -16,7 +19,23 @@ from .reductions import sum
 from .indexing import gather
 
 
-def matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+def _matmul_rule(avals: Sequence[Aval], **_: Any) -> Aval:
+    a, b = avals
+    if a.ndim < 2 or b.ndim < 2 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: shapes {a.shape} and {b.shape} do not line up")
+    return Aval(a.shape[:-1] + (b.shape[-1],), a.dtype, a.weak and b.weak)
+
+
+def _matmul_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> list[Any]:
+    (a, b), (g,) = ins, cts
+    return [L.matmul(g, L.swap_last(b)), L.matmul(L.swap_last(a), g)]
+
+
+matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward"))
+
+
+@implements(np.matmul)
+def matmul(x: ArrayLike, y: ArrayLike, /) -> ArrayLike:
     """numpy.matmul: 1-D operands are promoted and squeezed, batch dimensions broadcast."""
     ax, ay = aval_of(x), aval_of(y)
     if ax.ndim == 0 or ay.ndim == 0:
@@ -36,43 +55,48 @@ def matmul(x: ArrayLike, y: ArrayLike) -> ArrayLike:
             from None
     x2 = broadcast_to(convert(x2, dtype, weak), batch + sx[-2:])
     y2 = broadcast_to(convert(y2, dtype, weak), batch + sy[-2:])
-    out = bind(P.matmul_p, x2, y2)
+    out = bind(matmul_p, x2, y2)
     out_shape = batch + ((sx[-2],) if ax.ndim > 1 else ()) + ((sy[-1],) if ay.ndim > 1 else ())
     return reshape(out, out_shape)
 
 
-def matmul_nd(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    """matmul of operands that already have equal batch shapes and dtype (used by VJP rules)."""
-    return bind(P.matmul_p, x, y)
-
-
-def dot(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+@implements(np.dot, method="dot")
+def dot(a: ArrayLike, b: ArrayLike) -> ArrayLike:
     """numpy.dot: products for 0-d operands, matmul up to 2-D, else a sum over x's last and y's
     second-to-last axis."""
+    x, y = a, b
     ax, ay = aval_of(x), aval_of(y)
     if ax.ndim == 0 or ay.ndim == 0:
         return multiply(x, y)
     if ax.ndim <= 2 and ay.ndim <= 2:
         return matmul(x, y)
-    return tensordot(x, y, ([-1], [0 if ay.ndim == 1 else -2]), op="dot")
+    return _tensordot(x, y, ([-1], [0 if ay.ndim == 1 else -2]), "dot")
 
 
-def inner(x: ArrayLike, y: ArrayLike) -> ArrayLike:
+@implements(np.inner)
+def inner(x: ArrayLike, y: ArrayLike, /) -> ArrayLike:
     """numpy.inner: a sum over the last axes of both operands."""
     if aval_of(x).ndim == 0 or aval_of(y).ndim == 0:
         return multiply(x, y)
-    return tensordot(x, y, ([-1], [-1]), op="inner")
+    return _tensordot(x, y, ([-1], [-1]), "inner")
 
 
-def outer(x: ArrayLike, y: ArrayLike) -> ArrayLike:
-    return multiply(reshape(x, (-1, 1)), reshape(y, (1, -1)))
+@implements(np.outer)
+def outer(a: ArrayLike, b: ArrayLike) -> ArrayLike:
+    """numpy.outer: the flattened operands' outer product."""
+    return multiply(reshape(a, (-1, 1)), reshape(b, (1, -1)))
 
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def tensordot(x: ArrayLike, y: ArrayLike, axes: Any = 2, op: str = "tensordot") -> ArrayLike:
-    """numpy.tensordot: sum over `axes` (a count of x's last / y's first axes, or two axis lists)."""
+@implements(np.tensordot)
+def tensordot(a: ArrayLike, b: ArrayLike, axes: Any = 2) -> ArrayLike:
+    """numpy.tensordot: sum over `axes` (a count of a's last / b's first axes, or two axis lists)."""
+    return _tensordot(a, b, axes, "tensordot")
+
+
+def _tensordot(x: ArrayLike, y: ArrayLike, axes: Any, op: str) -> ArrayLike:
     sx, sy = aval_of(x).shape, aval_of(y).shape
     if isinstance(axes, (int, np.integer)):
         if not 0 <= axes <= builtins.min(len(sx), len(sy)):
@@ -91,12 +115,20 @@ def tensordot(x: ArrayLike, y: ArrayLike, axes: Any = 2, op: str = "tensordot") 
     ly = "".join(lx[ax_x[ax_y.index(k)]] if k in ax_y else next(fresh) for k in range(len(sy)))
     out = "".join(c for k, c in enumerate(lx) if k not in ax_x) + "".join(c for k, c in enumerate(ly)
                                                                          if k not in ax_y)
-    return einsum(f"{lx},{ly}->{out}", x, y)
+    return _einsum(f"{lx},{ly}->{out}", x, y)
 
 
-def einsum(subscripts: str, *operands: ArrayLike) -> ArrayLike:
+@implements(np.einsum)
+def einsum(*operands: Any, optimize: Any = False) -> ArrayLike:
     """numpy.einsum without '...': contracts operands left to right, each pair by transposes, reshapes and one
-    (batched) matmul, or a broadcast multiply when nothing is summed; repeated letters take diagonals."""
+    (batched) matmul, or a broadcast multiply when nothing is summed; repeated letters take diagonals.
+    `optimize` is accepted: jitgrad chooses its own contraction order."""
+    if not operands:
+        raise ShapeError(f"einsum: no subscripts given{where_text()}")
+    return _einsum(operands[0], *operands[1:])
+
+
+def _einsum(subscripts: str, *operands: ArrayLike) -> ArrayLike:
     if not isinstance(subscripts, str):
         raise UnsupportedError(f"einsum: only the subscripts-string form is supported{where_text()}")
     spec = subscripts.replace(" ", "")

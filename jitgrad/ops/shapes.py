@@ -1,4 +1,5 @@
-"""Shape ops: reshape, transpose and friends, slicing regions, padding, concatenation, splitting, tiling."""
+"""Shape ops: the host primitives slice, pad and concatenate, and the numpy bindings that move, join and
+split axes (reshape in C and Fortran order, transpose, concatenate with dtype and casting, split, tile...)."""
 from __future__ import annotations
 
 import builtins
@@ -6,13 +7,92 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import primitives as P
-from ..errors import ShapeError, UnsupportedError
+from .. import lax as L
+from ..dispatch import implements, register_method, register_property
+from ..errors import ShapeError, TraceError, UnsupportedError
+from ..ir import Aval
+from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, constant_of, where_text
-from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes
+from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, reshape_p, transpose_p
+
+# ---------------------------------------------------------------------- host primitives
 
 
-def reshape(x: ArrayLike, shape: Any) -> ArrayLike:
+def region(starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> tuple[slice, ...]:
+    """Python slices selecting `shape[k]` elements from `starts[k]` every `steps[k]` (steps may be negative)."""
+    out = []
+    for start, step, n in zip(starts, steps, shape):
+        if n == 0:
+            out.append(slice(0, 0))
+            continue
+        stop = start + step * (n - 1) + (1 if step > 0 else -1)
+        out.append(slice(start, stop if stop >= 0 else None, step))
+    return tuple(out)
+
+
+def _region_rule(avals: Sequence[Aval], *, shape: tuple[int, ...], **_: Any) -> Aval:
+    return avals[0].with_shape(shape)
+
+
+def _slice_impl(x: Any, *, starts: tuple[int, ...], steps: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """A contiguous copy, so kernels reading it compile for one memory layout."""
+    return np.ascontiguousarray(np.asarray(x)[region(starts, steps, shape)])
+
+
+def _pad_impl(x: Any, *, starts: tuple[int, ...], steps: tuple[int, ...], shape: tuple[int, ...], value: Any
+              ) -> np.ndarray:
+    x = np.asarray(x)
+    out = np.full(shape, value, x.dtype)
+    out[region(starts, steps, x.shape)] = x
+    return out
+
+
+slice_p = declare(Primitive(
+    "slice", Kind.HOST, _region_rule, _slice_impl,
+    lambda cts, ins, outs, *, starts, steps, shape: [L.pad_region(cts[0], starts, steps, ins[0].shape, 0)],
+    backward_label="SliceBackward"))
+pad_p = declare(Primitive(
+    "pad", Kind.HOST, _region_rule, _pad_impl,
+    lambda cts, ins, outs, *, starts, steps, shape, value: [L.slice_region(cts[0], starts, steps, ins[0].shape)],
+    backward_label="PadBackward"))
+
+
+def _concatenate_rule(avals: Sequence[Aval], *, axis: int) -> Aval:
+    first = avals[0]
+    shape = list(first.shape)
+    shape[axis] = builtins.sum(a.shape[axis] for a in avals)
+    return Aval(tuple(shape), first.dtype, all(a.weak for a in avals))
+
+
+def _concatenate_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, axis: int) -> list[Any]:
+    (g,) = cts
+    grads, offset = [], 0
+    for x in ins:
+        starts = tuple(offset if k == axis else 0 for k in range(x.ndim))
+        grads.append(L.slice_region(g, starts, (1,) * x.ndim, x.shape))
+        offset += x.shape[axis]
+    return grads
+
+
+concatenate_p = declare(Primitive("concatenate", Kind.HOST, _concatenate_rule,
+                                  lambda *xs, axis: np.concatenate(xs, axis=axis), _concatenate_vjp,
+                                  backward_label="CatBackward"))
+
+
+def slice_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> ArrayLike:
+    """The elements `starts[k] + steps[k] * i` (i < shape[k]) of each axis; a strided slice."""
+    return L.slice_region(x, starts, steps, shape)
+
+
+def pad_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int], value: Any
+               ) -> ArrayLike:
+    """An array of `shape` filled with `value`, holding `x` at the region `slice_region` would read."""
+    return L.pad_region(x, starts, steps, shape, value)
+
+
+# ---------------------------------------------------------------------- reshape and friends
+
+def _c_reshape(x: ArrayLike, shape: Any) -> ArrayLike:
     a = aval_of(x)
     shape = constant_of(shape)
     if isinstance(shape, (int, np.integer)):
@@ -32,124 +112,171 @@ def reshape(x: ArrayLike, shape: Any) -> ArrayLike:
                          f"{shape}{where_text()}")
     if shape == a.shape:
         return x
-    return bind(P.reshape_p, x, shape=tuple(int(d) for d in shape))
+    return bind(reshape_p, x, shape=tuple(int(d) for d in shape))
 
 
-def transpose(x: ArrayLike, axes: Any = None) -> ArrayLike:
-    shape = aval_of(x).shape
+def _orders(op: str, order: str, allowed: str = "CF") -> str:
+    """numpy's index orders: C (last axis fastest) and F (first axis fastest). "A" and "K" depend on the
+    memory layout of the array, which a trace does not follow: refused."""
+    if order is None:
+        order = "C"
+    if order not in allowed:
+        raise UnsupportedError(f"{op}(..., order={order!r}) is not supported: jitgrad reads and writes in C or F "
+                               f"(Fortran) index order, not by memory layout ('A', 'K'){where_text()}")
+    return order
+
+
+def _reversed_axes(x: ArrayLike) -> ArrayLike:
+    return transpose(x) if aval_of(x).ndim > 1 else x
+
+
+@implements(np.reshape)
+def reshape(a: ArrayLike, /, shape: Any, order: str = "C", *, copy: Any = None) -> ArrayLike:
+    """numpy.reshape in C or F index order (F: the transpose of the C reshape of the transpose); `copy`
+    changes no value."""
+    if _orders("reshape", order) == "F":
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        return _reversed_axes(_c_reshape(_reversed_axes(a), shape[::-1]))
+    return _c_reshape(a, shape)
+
+
+def _method_reshape(self: ArrayLike, /, *shape: Any, order: str = "C", copy: Any = None) -> ArrayLike:
+    """ndarray.reshape(*shape) or (shape)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return reshape(self, shape, order)
+
+
+register_method("reshape", _method_reshape, "(self, /, *shape, order='C', copy=None)")
+
+
+@implements(np.ravel)
+def ravel(a: ArrayLike, order: str = "C") -> ArrayLike:
+    """numpy.ravel in C or F order."""
+    return reshape(a, (-1,), _orders("ravel", order))
+
+
+register_method("ravel", ravel, "(self, /, order='C')")
+register_method("flatten", ravel, "(self, /, order='C')")
+
+
+@implements(np.transpose)
+def transpose(a: ArrayLike, axes: Any = None) -> ArrayLike:
+    shape = aval_of(a).shape
     nd = len(shape)
     if axes is None:
         perm = tuple(reversed(range(nd)))
     elif len(axes) != nd:
         raise ShapeError(f"transpose: axes {tuple(axes)} don't match an array of shape {shape}{where_text()}")
     else:
-        perm = tuple(normalize_axes("transpose", shape, a)[0] for a in axes)
+        perm = tuple(normalize_axes("transpose", shape, ax)[0] for ax in axes)
     if sorted(perm) != list(range(nd)):
         raise ShapeError(f"transpose: axes {tuple(axes)} are not a permutation of the {nd} axes of shape {shape}"
                          f"{where_text()}")
     if perm == tuple(range(nd)):
-        return x
-    return bind(P.transpose_p, x, perm=perm)
+        return a
+    return bind(transpose_p, a, perm=perm)
 
 
-def swapaxes(x: ArrayLike, a: int, b: int) -> ArrayLike:
-    nd = aval_of(x).ndim
-    perm = list(range(nd))
-    a, b = normalize_axes("swapaxes", aval_of(x).shape, a)[0], normalize_axes("swapaxes", aval_of(x).shape, b)[0]
-    perm[a], perm[b] = perm[b], perm[a]
-    return transpose(x, perm)
+def _method_transpose(self: ArrayLike, /, *axes: Any) -> ArrayLike:
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    return transpose(self, axes or None)
+
+
+register_method("transpose", _method_transpose, "(self, /, *axes)")
+register_property("T", lambda t: transpose(t))
+
+
+@implements(np.swapaxes, method="swapaxes")
+def swapaxes(a: ArrayLike, axis1: int, axis2: int) -> ArrayLike:
+    shape = aval_of(a).shape
+    perm = list(range(len(shape)))
+    i, j = normalize_axes("swapaxes", shape, axis1)[0], normalize_axes("swapaxes", shape, axis2)[0]
+    perm[i], perm[j] = perm[j], perm[i]
+    return transpose(a, perm)
 
 
 def swap_last(x: ArrayLike) -> ArrayLike:
     return swapaxes(x, -1, -2)
 
 
-def expand_dims(x: ArrayLike, axis: Any) -> ArrayLike:
-    shape = list(aval_of(x).shape)
+register_property("mT", swap_last)
+
+
+@implements(np.expand_dims)
+def expand_dims(a: ArrayLike, axis: Any) -> ArrayLike:
+    shape = list(aval_of(a).shape)
     items = axis if isinstance(axis, (tuple, list)) else (axis,)
     out_ndim = len(shape) + len(items)
-    for a in normalize_axes("expand_dims", (1,) * out_ndim, axis):
-        shape.insert(a, 1)
-    return reshape(x, tuple(shape))
+    for ax in normalize_axes("expand_dims", (1,) * out_ndim, axis):
+        shape.insert(ax, 1)
+    return reshape(a, tuple(shape))
 
 
-def squeeze(x: ArrayLike, axis: Any = None) -> ArrayLike:
-    shape = aval_of(x).shape
+@implements(np.squeeze, method="squeeze")
+def squeeze(a: ArrayLike, axis: Any = None) -> ArrayLike:
+    shape = aval_of(a).shape
     axes = tuple(i for i, d in enumerate(shape) if d == 1) if axis is None else normalize_axes("squeeze", shape, axis)
     if any(shape[i] != 1 for i in axes):
         raise ShapeError(f"squeeze: cannot select an axis to squeeze out which has size not equal to one "
                          f"(shape {shape}, axis {axis}){where_text()}")
-    return reshape(x, tuple(d for i, d in enumerate(shape) if i not in axes))
+    return reshape(a, tuple(d for i, d in enumerate(shape) if i not in axes))
 
 
-def ravel(x: ArrayLike) -> ArrayLike:
-    return reshape(x, (-1,))
-
-
-def moveaxis(x: ArrayLike, source: Any, destination: Any) -> ArrayLike:
+@implements(np.moveaxis)
+def moveaxis(a: ArrayLike, source: Any, destination: Any) -> ArrayLike:
     """numpy.moveaxis: move axes to new positions, the others keeping their order."""
-    shape = aval_of(x).shape
-    src = [normalize_axes("moveaxis", shape, a)[0] for a in (source if isinstance(source, (tuple, list)) else [source])]
-    dst = [normalize_axes("moveaxis", shape, a)[0]
-           for a in (destination if isinstance(destination, (tuple, list)) else [destination])]
+    shape = aval_of(a).shape
+    src = [normalize_axes("moveaxis", shape, s)[0] for s in (source if isinstance(source, (tuple, list)) else [source])]
+    dst = [normalize_axes("moveaxis", shape, d)[0]
+           for d in (destination if isinstance(destination, (tuple, list)) else [destination])]
     if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
         raise ShapeError(f"moveaxis: source {source!r} and destination {destination!r} must be the same number of "
                          f"distinct axes (array of shape {shape}){where_text()}")
-    order = [a for a in range(len(shape)) if a not in src]
-    for d, a in sorted(zip(dst, src)):
-        order.insert(d, a)
-    return transpose(x, order)
+    order = [k for k in range(len(shape)) if k not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return transpose(a, order)
 
 
-def slice_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> ArrayLike:
-    """The elements `starts[k] + steps[k] * i` (i < shape[k]) of each axis; a strided slice."""
-    starts, steps, shape = tuple(int(v) for v in starts), tuple(int(v) for v in steps), tuple(int(v) for v in shape)
-    if shape == aval_of(x).shape and all(v == 0 for v in starts) and all(v == 1 for v in steps):
-        return x
-    return bind(P.slice_p, x, starts=starts, steps=steps, shape=shape)
-
-
-def pad_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int], value: Any
-               ) -> ArrayLike:
-    """An array of `shape` filled with `value`, holding `x` at the region `slice_region` would read."""
-    starts, steps, shape = tuple(int(v) for v in starts), tuple(int(v) for v in steps), tuple(int(v) for v in shape)
-    if shape == aval_of(x).shape and all(v == 0 for v in starts) and all(v == 1 for v in steps):
-        return x
-    return bind(P.pad_p, x, starts=starts, steps=steps, shape=shape, value=value)
-
-
-def flip(x: ArrayLike, axis: Any = None) -> ArrayLike:
-    shape = aval_of(x).shape
+@implements(np.flip)
+def flip(m: ArrayLike, axis: Any = None) -> ArrayLike:
+    shape = aval_of(m).shape
     axes = normalize_axes("flip", shape, axis)
-    return slice_region(x, [shape[k] - 1 if k in axes and shape[k] else 0 for k in range(len(shape))],
+    return slice_region(m, [shape[k] - 1 if k in axes and shape[k] else 0 for k in range(len(shape))],
                         [-1 if k in axes else 1 for k in range(len(shape))], shape)
 
 
-def pad(x: ArrayLike, pad_width: Any, mode: str = "constant", constant_values: Any = 0) -> ArrayLike:
-    """numpy.pad with mode='constant' and one scalar constant (not traced)."""
-    a = aval_of(x)
-    if mode != "constant":
-        raise UnsupportedError(f"pad: mode={mode!r} is not supported (only 'constant'){where_text()}")
-    constant_values, pad_width = constant_of(constant_values), constant_of(pad_width)
-    if isinstance(constant_values, Tracer) or np.ndim(constant_values) != 0:
-        raise UnsupportedError(f"pad: constant_values must be one constant number, got {constant_values!r}"
-                               f"{where_text()}")
-    if isinstance(pad_width, Tracer):
-        raise UnsupportedError(f"pad: pad_width must be Python ints, not traced values{where_text()}")
-    try:
-        widths = np.broadcast_to(np.asarray(pad_width), (a.ndim, 2))
-    except ValueError:
-        raise ShapeError(f"pad: pad_width {pad_width!r} does not fit an array of shape {a.shape}{where_text()}") \
-            from None
-    if widths.dtype.kind not in "iu" or (widths < 0).any():
-        raise ShapeError(f"pad: pad_width {pad_width!r} must be non-negative ints{where_text()}")
-    shape = tuple(int(d + lo + hi) for d, (lo, hi) in zip(a.shape, widths))
-    fill = np.asarray(constant_values).astype(a.dtype).item()
-    return pad_region(x, [int(lo) for lo, _ in widths], [1] * a.ndim, shape, fill)
+@implements(np.fliplr)
+def fliplr(m: ArrayLike) -> ArrayLike:
+    return flip(m, 1)
 
 
-def concatenate(arrays: Sequence[ArrayLike], axis: Any = 0, dtype: Any = None) -> ArrayLike:
-    """numpy.concatenate (axis=None joins the flattened arrays)."""
+@implements(np.flipud)
+def flipud(m: ArrayLike) -> ArrayLike:
+    return flip(m, 0)
+
+
+# ---------------------------------------------------------------------- joining and splitting
+
+def _joined_dtype(op: str, arrays: Sequence[ArrayLike], dtype: Any, casting: str) -> np.dtype:
+    """The dtype numpy joins arrays in: `dtype` if given (each input cast to it under `casting`), else
+    the arrays' common dtype."""
+    if dtype is None:
+        return np.result_type(*[aval_of(x).dtype for x in arrays])
+    target = np.dtype(dtype)
+    for x in arrays:
+        if not np.can_cast(aval_of(x).dtype, target, casting=casting):
+            raise TraceError(f"{op}: Cannot cast array data from {aval_of(x).dtype!r} to {target!r} according to the "
+                             f"rule {casting!r}{where_text()}")
+    return target
+
+
+@implements(np.concatenate)
+def concatenate(arrays: Sequence[ArrayLike], /, axis: Any = 0, *, dtype: Any = None, casting: str = "same_kind"
+                ) -> ArrayLike:
+    """numpy.concatenate (axis=None joins the flattened arrays), with numpy's `dtype` and `casting`."""
     arrays = list(arrays)
     if not arrays:
         raise ShapeError(f"concatenate: need at least one array to concatenate{where_text()}")
@@ -163,28 +290,34 @@ def concatenate(arrays: Sequence[ArrayLike], axis: Any = 0, dtype: Any = None) -
     if any(len(sh) != len(shapes[0]) or sh[:ax] + sh[ax + 1:] != shapes[0][:ax] + shapes[0][ax + 1:]
            for sh in shapes):
         raise ShapeError(f"concatenate: shapes {shapes} must match except along axis {axis}{where_text()}")
-    target = np.dtype(dtype) if dtype is not None else np.result_type(*[aval_of(x).dtype for x in arrays])
+    target = _joined_dtype("concatenate", arrays, dtype, casting)
     arrays = [convert(x, target) for x in arrays]
     if len(arrays) == 1:
         return arrays[0]
-    return bind(P.concatenate_p, *arrays, axis=ax)
+    return bind(concatenate_p, *arrays, axis=ax)
 
 
-def stack(arrays: Sequence[ArrayLike], axis: int = 0) -> ArrayLike:
+@implements(np.stack)
+def stack(arrays: Sequence[ArrayLike], axis: int = 0, *, dtype: Any = None, casting: str = "same_kind"
+          ) -> ArrayLike:
     arrays = list(arrays)
     shapes = [aval_of(x).shape for x in arrays]
     if not arrays or any(sh != shapes[0] for sh in shapes):
         raise ShapeError(f"stack: all input arrays must have the same shape, got {shapes}{where_text()}")
-    return concatenate([expand_dims(x, axis) for x in arrays], axis=axis)
+    (ax,) = normalize_axes("stack", (1,) * (len(shapes[0]) + 1), axis)
+    return concatenate([expand_dims(x, ax) for x in arrays], axis=ax, dtype=dtype, casting=casting)
 
 
-def hstack(arrays: Sequence[ArrayLike]) -> ArrayLike:
-    arrays = [reshape(x, (1,)) if aval_of(x).ndim == 0 else x for x in arrays]
-    return concatenate(arrays, axis=0 if arrays and aval_of(arrays[0]).ndim == 1 else 1)
+@implements(np.hstack)
+def hstack(tup: Sequence[ArrayLike], *, dtype: Any = None, casting: str = "same_kind") -> ArrayLike:
+    arrays = [reshape(x, (1,)) if aval_of(x).ndim == 0 else x for x in tup]
+    return concatenate(arrays, axis=0 if arrays and aval_of(arrays[0]).ndim == 1 else 1, dtype=dtype, casting=casting)
 
 
-def vstack(arrays: Sequence[ArrayLike]) -> ArrayLike:
-    return concatenate([reshape(x, (1, -1)) if aval_of(x).ndim < 2 else x for x in arrays], axis=0)
+@implements(np.vstack)
+def vstack(tup: Sequence[ArrayLike], *, dtype: Any = None, casting: str = "same_kind") -> ArrayLike:
+    return concatenate([reshape(x, (1, -1)) if aval_of(x).ndim < 2 else x for x in tup], axis=0, dtype=dtype,
+                       casting=casting)
 
 
 def _split(op: str, x: ArrayLike, indices_or_sections: Any, axis: int, equal: bool) -> list[ArrayLike]:
@@ -208,23 +341,54 @@ def _split(op: str, x: ArrayLike, indices_or_sections: Any, axis: int, equal: bo
     return parts
 
 
-def split(x: ArrayLike, indices_or_sections: Any, axis: int = 0) -> list[ArrayLike]:
-    return _split("split", x, indices_or_sections, axis, equal=True)
+@implements(np.split)
+def split(ary: ArrayLike, indices_or_sections: Any, axis: int = 0) -> list[ArrayLike]:
+    return _split("split", ary, indices_or_sections, axis, equal=True)
 
 
-def array_split(x: ArrayLike, indices_or_sections: Any, axis: int = 0) -> list[ArrayLike]:
-    return _split("array_split", x, indices_or_sections, axis, equal=False)
+@implements(np.array_split)
+def array_split(ary: ArrayLike, indices_or_sections: Any, axis: int = 0) -> list[ArrayLike]:
+    return _split("array_split", ary, indices_or_sections, axis, equal=False)
 
 
-def tile(x: ArrayLike, reps: Any) -> ArrayLike:
+@implements(np.tile)
+def tile(A: ArrayLike, reps: Any) -> ArrayLike:
     """numpy.tile as a broadcast of interleaved unit axes, then a reshape merging each pair."""
     reps = (reps,) if isinstance(reps, (int, np.integer)) else tuple(reps)
     if any(not isinstance(r, (int, np.integer)) or r < 0 for r in reps):
         raise ShapeError(f"tile: reps must be non-negative ints, got {reps!r}{where_text()}")
-    shape = aval_of(x).shape
+    shape = aval_of(A).shape
     nd = builtins.max(len(shape), len(reps))
     shape = (1,) * (nd - len(shape)) + shape
     reps = (1,) * (nd - len(reps)) + reps
-    interleaved = reshape(x, [v for d in shape for v in (1, d)])
+    interleaved = reshape(A, [v for d in shape for v in (1, d)])
     spread = broadcast_to(interleaved, [v for r, d in zip(reps, shape) for v in (r, d)])
     return reshape(spread, [r * d for r, d in zip(reps, shape)])
+
+
+@implements(np.pad)
+def pad(array: ArrayLike, pad_width: Any, mode: str = "constant", **kwargs: Any) -> ArrayLike:
+    """numpy.pad with mode='constant' and one scalar constant (not traced)."""
+    if mode != "constant":
+        raise UnsupportedError(f"numpy.pad: mode={mode!r} is not supported (only 'constant'){where_text()}")
+    unknown = set(kwargs) - {"constant_values"}
+    if unknown:
+        raise UnsupportedError(f"numpy.pad: argument(s) {sorted(unknown)} are not supported with mode='constant'"
+                               f"{where_text()}")
+    a = aval_of(array)
+    constant_values, pad_width = constant_of(kwargs.get("constant_values", 0)), constant_of(pad_width)
+    if isinstance(constant_values, Tracer) or np.ndim(constant_values) != 0:
+        raise UnsupportedError(f"pad: constant_values must be one constant number, got {constant_values!r}"
+                               f"{where_text()}")
+    if isinstance(pad_width, Tracer):
+        raise UnsupportedError(f"pad: pad_width must be Python ints, not traced values{where_text()}")
+    try:
+        widths = np.broadcast_to(np.asarray(pad_width), (a.ndim, 2))
+    except ValueError:
+        raise ShapeError(f"pad: pad_width {pad_width!r} does not fit an array of shape {a.shape}{where_text()}") \
+            from None
+    if widths.dtype.kind not in "iu" or (widths < 0).any():
+        raise ShapeError(f"pad: pad_width {pad_width!r} must be non-negative ints{where_text()}")
+    shape = tuple(int(d + lo + hi) for d, (lo, hi) in zip(a.shape, widths))
+    fill = np.asarray(constant_values).astype(a.dtype).item()
+    return pad_region(array, [int(lo) for lo, _ in widths], [1] * a.ndim, shape, fill)

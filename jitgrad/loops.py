@@ -1,0 +1,252 @@
+"""Loop nests: the backend-neutral form of a fused kernel (`LoopKernel`), and how a group of equations is
+written as one (`lower_group`).
+
+A kernel iterates over one domain D (a shape). Axes of D split into kept axes (outer loops) and
+reduced axes R (inner loops). Inside, elementwise values are computed per point, views only move
+indices (a broadcast reads index 0 along stretched axes, a transpose permutes), and reductions
+accumulate over R. A value that needs a reduction's result is computed in a later pass over R
+("stage"), so softmax-like chains (max -> exp/sum -> divide) become one kernel with three passes.
+Only values used outside the kernel are written to memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .ir import Atom, Eqn, Graph, Literal, Var
+from .primitive import Kind, Primitive
+
+Index = tuple  # per array axis: a domain axis number (the loop variable) or None (index 0)
+
+
+class NotFusible(Exception):
+    """A candidate group cannot be written as one loop nest."""
+
+
+@dataclass
+class Load:
+    dst: str
+    input: int  # position in LoopKernel.inputs
+    index: Index
+
+
+@dataclass
+class Compute:
+    dst: str
+    prim: Primitive
+    args: list[str]
+    params: dict[str, Any]
+    dtype: np.dtype
+    value: tuple = ()  # (var id, index): equal in two passes when both compute the same value
+
+
+@dataclass
+class Reduction:
+    acc: str
+    prim: Primitive
+    src: str
+    dtype: np.dtype
+
+
+@dataclass
+class Store:
+    output: int  # position in LoopKernel.outputs
+    index: Index
+    src: str
+
+
+@dataclass
+class Stage:
+    """One pass over the reduced axes (or, with no reduced axes, the loop body)."""
+
+    body: list[Load | Compute] = field(default_factory=list)
+    reductions: list[Reduction] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
+
+
+@dataclass
+class LoopKernel:
+    """A fused group as a loop nest over `domain`; what every backend lowers."""
+
+    domain: tuple[int, ...]
+    reduce_axes: tuple[int, ...]
+    inputs: list[Atom]  # materialised arrays read (Vars produced elsewhere, or array literals)
+    scalars: list[Literal]  # scalar constants, passed as typed arguments
+    outputs: list[Var]
+    stages: list[Stage]
+    epilogue: list[Load | Compute]  # per kept point, after all stages
+    epilogue_stores: list[Store]
+    eqns: list[Eqn]
+
+    @property
+    def kept_axes(self) -> tuple[int, ...]:
+        return tuple(a for a in range(len(self.domain)) if a not in self.reduce_axes)
+
+
+@dataclass
+class HostStep:
+    """An equation executed on whole arrays by its numpy reference (BLAS matmul, a copying reshape, a view)."""
+
+    eqn: Eqn
+
+
+@dataclass
+class Program:
+    """The executable form of a graph: kernels and host steps in order."""
+
+    graph: Graph
+    steps: list[LoopKernel | HostStep]
+
+    @property
+    def kernels(self) -> list[LoopKernel]:
+        return [s for s in self.steps if isinstance(s, LoopKernel)]
+
+
+def _canonical_index(shape: Sequence[int], domain_axes: Sequence[int | None]) -> Index:
+    return tuple(None if d == 1 else a for d, a in zip(shape, domain_axes))
+
+
+def view_index(e: Eqn, index: Index) -> Index:
+    """Index into a view's input given the index into its output; NotFusible for views that regroup axes."""
+    found = e.prim.index_map(e, index) if e.prim.index_map is not None else None
+    if found is None:
+        raise NotFusible(f"{e.prim.name} is not a pure move of indices here")
+    return found
+
+
+class _LoopBuilder:
+    """Builds a LoopKernel from a group of equations by walking from the group's outputs."""
+
+    def __init__(self, eqns: list[Eqn], outputs: list[Var], views: dict[Var, Eqn]):
+        self.eqns = eqns
+        self.producer = {o: e for e in eqns for o in e.outs}
+        self.views = views
+        self.domain, self.reduce_axes = self._domain()
+        n = len(self.domain)
+        self.kept = tuple(a for a in range(n) if a not in self.reduce_axes)
+        self.full_index = _canonical_index(self.domain, range(n))
+        self.inputs: list[Atom] = []
+        self.scalars: list[Literal] = []
+        self.outputs = outputs
+        self.stages: list[Stage] = []
+        self.epilogue: list[Load | Compute] = []
+        self.epilogue_stores: list[Store] = []
+        self.memo: dict[tuple, str] = {}
+        self.depths: dict[Var, int] = {}
+        self.acc_names: dict[Var, str] = {}
+        self.counter = 0
+
+    def _domain(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        reduces = [e for e in self.eqns if e.prim.kind is Kind.REDUCE]
+        if reduces:
+            shapes = {e.inputs[0].aval.shape for e in reduces}
+            axes = {e.params["axes"] for e in reduces}
+            if len(shapes) != 1 or len(axes) != 1:
+                raise NotFusible("reductions over different domains")
+            return shapes.pop(), axes.pop()
+        sizes = [(o.aval.size, o.aval.shape) for e in self.eqns if e.prim.kind is Kind.ELEMENTWISE for o in e.outs]
+        if not sizes:
+            raise NotFusible("no computation")
+        return max(sizes)[1], ()
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def depth(self, a: Atom) -> int:
+        if not isinstance(a, Var) or (a not in self.producer and a not in self.views):
+            return 0
+        if a not in self.depths:
+            e = self.producer.get(a) or self.views[a]
+            d = max((self.depth(x) for x in e.inputs), default=0)
+            self.depths[a] = d + 1 if e.prim.kind is Kind.REDUCE else d
+        return self.depths[a]
+
+    def stage(self, s: int) -> Stage:
+        while len(self.stages) <= s:
+            self.stages.append(Stage())
+        return self.stages[s]
+
+    def store_index(self, v: Var) -> tuple[Index, int | None]:
+        """Where output `v` is written: over the full domain (a stage) or per kept point (epilogue)."""
+        shape = v.aval.shape
+        if shape == self.domain:
+            return self.full_index, self.depth(v)
+        kept_dims = [(a, self.domain[a]) for a in self.kept if self.domain[a] != 1]
+        if [d for d in shape if d != 1] != [d for _, d in kept_dims]:
+            raise NotFusible(f"output of shape {shape} fits neither the domain nor its kept axes")
+        live = iter(a for a, _ in kept_dims)
+        return tuple(None if d == 1 else next(live) for d in shape), None
+
+    def value(self, a: Atom, index: Index, body: list, stage: int | None) -> str:
+        """Name of a local holding `a` at `index`, emitting code into `body` (stage None: epilogue)."""
+        index = tuple(None if d == 1 else i for d, i in zip(a.aval.shape, index))
+        if isinstance(a, Literal) and a.is_scalar:
+            if a not in self.scalars:
+                self.scalars.append(a)
+            return f"c{self.scalars.index(a)}"
+        key = (id(body), a.id if isinstance(a, Var) else id(a), index)
+        if key in self.memo:
+            return self.memo[key]
+        e = (self.producer.get(a) or self.views.get(a)) if isinstance(a, Var) else None
+        if e is None:
+            if stage is None and any(i in self.reduce_axes for i in index if i is not None):
+                raise NotFusible("a per-row value reads along a reduced axis")
+            if not any(x is a for x in self.inputs):
+                self.inputs.append(a)
+            name = self.fresh("v")
+            body.append(Load(name, next(k for k, x in enumerate(self.inputs) if x is a), index))
+        elif e.prim.kind is Kind.VIEW:
+            name = self.value(e.inputs[0], view_index(e, index), body, stage)
+        elif e.prim.kind is Kind.REDUCE:
+            name = self.accumulator(e, index)
+        elif e.prim.kind is Kind.ELEMENTWISE:
+            args = [self.value(x, index, body, stage) for x in e.inputs]
+            name = self.fresh("t")
+            body.append(Compute(name, e.prim, args, e.params, a.aval.dtype, (a.id, index)))
+        else:
+            raise NotFusible(e.prim.name)
+        self.memo[key] = name
+        return name
+
+    def accumulator(self, e: Eqn, index: Index) -> str:
+        canonical = _canonical_index(e.out.aval.shape, range(len(self.domain)))
+        if index != canonical:
+            raise NotFusible("a reduction's result is read at another position than its own row")
+        if e.out not in self.acc_names:
+            s = self.depth(e.inputs[0])
+            st = self.stage(s)
+            src = self.value(e.inputs[0], self.full_index, st.body, s)
+            acc = self.fresh("acc")
+            st.reductions.append(Reduction(acc, e.prim, src, e.out.aval.dtype))
+            self.acc_names[e.out] = acc
+        return self.acc_names[e.out]
+
+    def build(self) -> LoopKernel:
+        for k, v in enumerate(self.outputs):
+            index, s = self.store_index(v)
+            if s is None:
+                src = self.value(v, index, self.epilogue, None)
+                self.epilogue_stores.append(Store(k, index, src))
+            else:
+                st = self.stage(s)
+                st.stores.append(Store(k, index, self.value(v, index, st.body, s)))
+        if not self.stages:
+            self.stages.append(Stage())
+        return LoopKernel(self.domain, self.reduce_axes, self.inputs, self.scalars, self.outputs, self.stages,
+                          self.epilogue, self.epilogue_stores, self.eqns)
+
+
+def lower_group(eqns: list[Eqn], outputs: list[Var], views: dict[Var, Eqn]) -> LoopKernel:
+    """The loop nest computing `outputs` from the group `eqns`, reading through transparent `views`;
+    raises NotFusible if there is none."""
+    return _LoopBuilder(eqns, outputs, views).build()
+
+
+def is_transparent(e: Eqn) -> bool:
+    """Views that only move indices are read through by kernels instead of being executed."""
+    if e.prim.kind is not Kind.VIEW or e.prim.index_map is None:
+        return False
+    return e.prim.index_map(e, tuple(range(e.outs[0].aval.ndim))) is not None

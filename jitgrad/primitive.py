@@ -1,0 +1,153 @@
+"""The primitive record: every fact about one IR operation, declared once where the op is defined.
+
+A `Primitive` carries its shape/dtype rule, numpy reference, VJP rule (written with the IR-level
+binders of `jitgrad.lax`, so backward graphs keep dtypes exact and are differentiable again), its
+lowering per backend, whether it is costly to recompute, and, for reductions, how to accumulate.
+The stages after tracing (autodiff, passes, fusion, kernels) read these fields and call these
+methods; none of them knows a primitive by name. The ops themselves are declared in
+`jitgrad.ops`, each next to its numpy binding.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .ir import Atom, Aval, Eqn, Graph
+
+PRIMITIVES: dict[str, "Primitive"] = {}
+BACKENDS = ("cpu", "cuda", "cuda_sim")  # numba's CPU target, numba's CUDA target, and its simulator
+
+
+class Kind(enum.Enum):
+    """How fusion may group an equation."""
+
+    ELEMENTWISE = "elementwise"  # per point, operands of one shape: fused into loop nests
+    REDUCE = "reduce"  # accumulates over axes (kept as length 1): fused, as a pass over the reduced axes
+    VIEW = "view"  # moves indices only (broadcast, reshape, transpose): read through by kernels
+    HOST = "host"  # runs its numpy reference on whole arrays between kernels (BLAS, slicing, gathers)
+    CALL = "call"  # holds a subgraph (a custom Function): inlined before fusion
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """One backend's scalar expression of an elementwise primitive: a template over `{0}`, `{1}`, ...
+    (the operands) and `{cast}` (the result's type), the helpers it calls (as "module.name"), and, where
+    integer results need other code than floats, the template for them."""
+
+    template: str
+    imports: tuple[str, ...] = ()
+    integer: str | None = None
+
+    def for_dtype(self, dtype: np.dtype) -> str:
+        return self.integer if self.integer is not None and np.dtype(dtype).kind in "iu" else self.template
+
+
+def lowerings(cpu: str, cuda: str | None = None, sim: str | None = None, imports: tuple[str, ...] = (),
+              integer: str | None = None) -> dict[str, Lowering]:
+    """Templates per backend: `cuda` defaults to the CPU one (operators, comparisons), `sim` to `cuda`;
+    `imports` are the CPU template's helpers; `integer`, if given, is every backend's template for
+    integer results."""
+    cuda = cpu if cuda is None else cuda
+    return {"cpu": Lowering(cpu, imports, integer), "cuda": Lowering(cuda, (), integer),
+            "cuda_sim": Lowering(cuda if sim is None else sim, (), integer)}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a reduction primitive accumulates, for every backend.
+
+    `combine` is the sequential rule over two scalar expressions (numpy's order); `vector_combine`,
+    where set, is an order-independent form LLVM vectorises (NaN-propagating max/min); `blocked`
+    sums go through a fixed-order block sum; `order_dependent` results round differently when the
+    terms are combined in another order (float sums and products), so every variant must keep one."""
+
+    identity: Callable[[np.dtype], Any]
+    combine: str
+    vector_combine: Lowering | None = None
+    blocked: bool = False
+    order_dependent: bool = False
+    widen_floats: bool = False  # accumulate float32 in float64 (sums: numpy's pairwise sum is that accurate)
+    rescan_zero: bool = False  # a zero result is recomputed sequentially (the sign of zero follows numpy)
+
+    def accumulator(self, dtype: np.dtype) -> np.dtype:
+        dtype = np.dtype(dtype)
+        return np.dtype(np.float64) if self.widen_floats and dtype.kind == "f" else dtype
+
+
+@dataclass(eq=False)
+class Primitive:
+    """One IR operation. `lowering` maps a backend ("cpu", "cuda", "cuda_sim") to a scalar expression
+    template over `{0}`, `{1}`, ... (and `{cast}`, the result's type), for elementwise ops."""
+
+    name: str
+    kind: Kind
+    abstract_eval: Callable[..., Aval | list[Aval]]
+    impl: Callable[..., Any]
+    vjp: Callable[..., Sequence[Any]] | None = None
+    lowering: dict[str, Lowering] = field(default_factory=dict)
+    costly: bool = False  # worth keeping rather than recomputing in a later pass of a kernel
+    reduction: Reduction | None = None
+    # Views: the index into the input read at an index into the output (None if the view regroups axes).
+    index_map: Callable[[Eqn, tuple], tuple | None] | None = None
+    # An exact rewrite (x * 1 -> x): given the equation, a function telling an atom's value where it is one
+    # number everywhere, and one giving an atom's producing equation; returns an atom, an equation or None.
+    simplify: Callable[[Eqn, Callable[[Atom], Any], Callable[[Atom], Eqn | None]], Atom | Eqn | None] | None = None
+    backward_label: str = ""
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name})"
+
+    @property
+    def label(self) -> str:
+        return self.backward_label or "".join(p.capitalize() for p in self.name.split("_")) + "Backward"
+
+    # ---- what the stages after tracing call; a CALL primitive (jitgrad.function) overrides them
+
+    def label_of(self, e: Eqn) -> str:
+        """The label of the equations this equation's VJP records."""
+        return self.label
+
+    def replay(self, inputs: Sequence[Any], e: Eqn, bind: Callable[..., Any]) -> list[Any]:
+        """Record `e` again on new inputs (autodiff's replays)."""
+        res = bind(self, *inputs, label=e.label, **e.params)
+        return res if isinstance(res, list) else [res]
+
+    def pullback(self, cotangents: Sequence[Any | None], inputs: Sequence[Any], outputs: Sequence[Any],
+                 e: Eqn, zeros: Callable[[Aval], Any]) -> Sequence[Any]:
+        """Cotangents of `e`'s inputs (None: zero) given its outputs' (None: zero, made explicit here)."""
+        assert self.vjp is not None
+        cts = [zeros(o.aval) if g is None else g for g, o in zip(cotangents, e.outs)]
+        return self.vjp(cts, inputs, outputs, **e.params)
+
+    def subgraph(self, e: Eqn) -> Graph | None:
+        """The graph to inline in place of `e` before fusion (None: `e` is kept as it is)."""
+        return None
+
+    def cse_key(self, e: Eqn) -> Any:
+        """What makes two applications equal for CSE (None: never merge them)."""
+        return tuple(sorted((k, repr(v)) for k, v in e.params.items()))
+
+    @property
+    def foldable(self) -> bool:
+        """Can an application to constants be evaluated while compiling?"""
+        return self.kind is not Kind.CALL
+
+
+def declare(prim: Primitive) -> Primitive:
+    """Register a primitive under its name (names are unique: they key CSE and the IR printout)."""
+    if prim.name in PRIMITIVES:
+        raise ValueError(f"primitive {prim.name!r} is declared twice")
+    PRIMITIVES[prim.name] = prim
+    return prim
+
+
+def _same_aval(avals: Sequence[Aval], **_: Any) -> Aval:
+    return avals[0]
+
+
+stop_gradient_p = declare(Primitive(
+    "stop_gradient", Kind.ELEMENTWISE, _same_aval, lambda x: np.array(x, copy=True),
+    lambda cts, ins, outs: [None], lowerings("{0}")))
