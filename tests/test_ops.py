@@ -426,13 +426,14 @@ class Spec:
     gen: Gen
     ref: Callable | None = None
     host: bool = False  # runs on the host only (no kernel compiles): more random examples
+    second: bool = True  # False only where finite differences cannot check it (a float32 cast inside)
 
     def reference(self, *args, **params):
         return (self.ref or self.fn)(*args, **params)
 
 
-def S(name, fn, torch_fn, gen=None, ref=None, host=False):
-    return Spec(name, fn, torch_fn, gen or unary(), ref, host)
+def S(name, fn, torch_fn, gen=None, ref=None, host=False, second=True):
+    return Spec(name, fn, torch_fn, gen or unary(), ref, host, second)
 
 
 SPECS = [
@@ -471,7 +472,7 @@ SPECS = [
     S("softplus", jg.softplus, F.softplus, unary(-30, 30), ref=lambda x: np.logaddexp(0, x)),
     S("gelu", jg.gelu, lambda x: F.gelu(x, approximate="tanh"), unary(-4, 4), ref=gelu_ref),
     S("astype", lambda x: x.astype(np.float32 if x.dtype == np.float64 else np.float64) * 2,
-      lambda x: x.to(torch.float32 if x.dtype == torch.float64 else torch.float64) * 2),
+      lambda x: x.to(torch.float32 if x.dtype == torch.float64 else torch.float64) * 2, second=False),
     # elementwise, two or three operands with broadcasting
     S("add", np.add, torch.add, binary()),
     S("subtract", np.subtract, torch.sub, binary()),
@@ -646,6 +647,18 @@ def check(spec: Spec, d: Draw) -> None:
 @pytest.mark.parametrize("kind", list(EDGE_CASES))
 def test_op_edge_cases(spec: Spec, kind: str) -> None:
     check(spec, EdgeDraw(kind))
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.torch_fn is not None and s.second], ids=lambda s: s.name)
+def test_op_second_derivatives(spec: Spec) -> None:
+    """Every VJP is differentiable again: the gradient's own derivatives against finite differences of the
+    gradient (jg.gradgradcheck), in float64 on the rank-2 edge case."""
+    d = EdgeDraw("transposed")
+    raw, params = spec.gen(d, np.random.default_rng(1))
+    args = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in raw]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert jg.gradgradcheck(lambda *xs: spec.fn(*xs, **params), args, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if not s.host], ids=lambda s: s.name)

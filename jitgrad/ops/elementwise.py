@@ -170,25 +170,33 @@ def sigmoid(x: ArrayLike) -> ArrayLike:
 # ---------------------------------------------------------------------- binary arithmetic
 
 def _pow_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
-    """d/dx = y*x**(y-1) (0 where y == 0); d/dy = out*log(x) (0 where x == 0 and y >= 0), as torch."""
+    """d/dx = y*x**(y-1) (0 where y == 0); d/dy = out*log(x): 0 where x == 0 and y >= 0, -inf at x == 0 and
+    y < 0, as torch. The log reads 1 where its value is masked, so second derivatives stay finite there."""
     gx = L.select(L.eq(y, 0), 0, L.mul(g, L.mul(y, L.pow(x, L.sub(y, 1)))))
     zero_base = L.logical_and(L.eq(x, 0), L.ge(y, 0))
-    gy = L.select(zero_base, 0, L.mul(L.mul(g, out), L.log(L.select(L.eq(x, 0), 1, x))))
+    gy = L.select(zero_base, 0, L.mul(L.mul(g, out), L.log(L.select(zero_base, 1, x))))
     return gx, gy
 
 
 def _extremum_vjp(wins: str) -> Any:
-    """Ties split the gradient evenly, as torch.maximum/minimum and JAX do; exact in the gradient's dtype."""
+    """The gradient goes to the operand that wins, split evenly on ties; where either is NaN (the result is
+    NaN) both get it, as torch.maximum/minimum do. Exact in the gradient's dtype."""
     def vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
-        beats = L.gt(x, y) if wins == "max" else L.lt(x, y)
-        share_x = L.select(beats, L.ones_like(g), L.select(L.eq(x, y), L.full_like(g, 0.5), L.zeros_like(g)))
-        return L.mul(g, share_x), L.mul(g, L.sub(1, share_x))
+        x_loses, y_loses = (L.lt(x, y), L.gt(x, y)) if wins == "max" else (L.gt(x, y), L.lt(x, y))
+        tie = L.eq(x, y)
+
+        def share(loses: Any) -> Any:
+            return L.select(loses, L.zeros_like(g), L.select(tie, L.full_like(g, 0.5), L.ones_like(g)))
+        return L.mul(g, share(x_loses)), L.mul(g, share(y_loses))
     return vjp
 
 
 def _atan2_vjp(g: Any, y: Any, x: Any, out: Any) -> tuple[Any, Any]:
+    """d/dy = x / (x² + y²), d/dx = -y / (x² + y²); both 0 at the origin, as torch."""
     denom = L.add(L.mul(x, x), L.mul(y, y))
-    return L.div(L.mul(g, x), denom), L.neg(L.div(L.mul(g, y), denom))
+    origin = L.eq(denom, 0)
+    safe = L.select(origin, 1, denom)
+    return L.select(origin, 0, L.div(L.mul(g, x), safe)), L.select(origin, 0, L.neg(L.div(L.mul(g, y), safe)))
 
 
 def _unit_rewrite(unit: float, left: bool) -> Any:

@@ -305,8 +305,9 @@ def var(a: ArrayLike, axis: Any = None, dtype: Any = None, ddof: Any = 0, keepdi
 @implements(np.std, method="std")
 def std(a: ArrayLike, axis: Any = None, dtype: Any = None, ddof: Any = 0, keepdims: Any = NO_VALUE, *,
         where: Any = True, correction: Any = NO_VALUE) -> ArrayLike:
-    """numpy.std: the square root of numpy.var."""
-    return sqrt(var(a, axis, dtype, ddof, keepdims, where=where, correction=correction))
+    """numpy.std: the square root of numpy.var; its gradient where the variance is 0 (a constant, one
+    element) is 0, as torch.std's."""
+    return _sqrt_zero_grad(var(a, axis, dtype, ddof, keepdims, where=where, correction=correction))
 
 
 @export
