@@ -118,7 +118,9 @@ class SplitGraphs:
 
 def split_forward_backward(joint: Graph, n_primals: int, n_outputs: int) -> SplitGraphs:
     """Partition a joint graph: the forward computes only what the outputs need; the backward
-    recomputes whatever else it needs from the residuals (primal inputs and forward values)."""
+    recomputes whatever else it needs from the residuals (primal inputs and forward values). Views
+    (broadcasts, transposes, reshapes) are redone in the backward, so it saves their sources: a (4, 1)
+    mean is saved, not its (4, 8) broadcast."""
     primals, cts = joint.inputs[:n_primals], joint.inputs[n_primals:]
     outs, grads = joint.outputs[:n_outputs], joint.outputs[n_outputs:]
     producers = joint.producers()
@@ -133,7 +135,7 @@ def split_forward_backward(joint: Graph, n_primals: int, n_outputs: int) -> Spli
         if e is not None:
             stack.extend(iter_vars(e.inputs))
     fwd_eqns = [e for e in joint.eqns if any(o in needed for o in e.outs)]
-    recompute = _views_of_constants(fwd_eqns, set(primals))
+    recompute = [e for e in fwd_eqns if e.prim.kind is Kind.VIEW]
     fwd_defined = set(primals) | {o for e in fwd_eqns for o in e.outs if e not in recompute}
     bwd_eqns = [e for e in joint.eqns if not any(o in needed for o in e.outs) or e in recompute]
     residuals: list[Var] = []
@@ -153,17 +155,6 @@ def split_forward_backward(joint: Graph, n_primals: int, n_outputs: int) -> Spli
     backward = Graph(res_inputs + list(cts), bwd, [sub(g) for g in grads],
                      [f"res{i}" for i in range(len(residuals))] + joint.input_names[n_primals:])
     return SplitGraphs(forward, backward, n_outputs)
-
-
-def _views_of_constants(eqns: list[Eqn], primals: set[Var]) -> list[Eqn]:
-    """Forward views of literals or primal inputs: cheaper for the backward to redo than to save."""
-    cheap: set[Var] = set()
-    found = []
-    for e in eqns:
-        if e.prim.kind is Kind.VIEW and all(isinstance(a, Literal) or a in primals or a in cheap for a in e.inputs):
-            cheap.update(e.outs)
-            found.append(e)
-    return found
 
 
 def with_unit_cotangent(joint: Graph, n_primals: int) -> Graph:

@@ -105,14 +105,29 @@ def ir_text(ex: Explanation) -> str:
     return "\n\n".join(text)
 
 
+def shared_kernels(program: fusion.Program) -> list[list[int]]:
+    """The program's kernels grouped by the compiled code they run: fused groups of one structure (every
+    step of an unrolled loop, two LayerNorms) share one compiled kernel, whatever their lengths."""
+    by_source: dict[str, list[int]] = {}
+    for k, kern in enumerate(program.kernels):
+        by_source.setdefault(cpu.module_source(kern), []).append(k)
+    return list(by_source.values())
+
+
 def explain_text(ex: Explanation) -> str:
-    """IR, saved values, and per compiled program its fusion groups and generated kernel source."""
+    """IR, saved values, and per compiled program its fusion groups, which of them share compiled code,
+    and the generated source of each distinct kernel."""
     parts = [ir_text(ex)]
     for mode, graph in ex.modes():
         program = fusion.schedule(graph)
-        parts.append(f"# {mode}: {len(program.kernels)} kernel(s)\n{fusion.describe(program)}")
-        for k, kern in enumerate(program.kernels):
-            parts.append(f"# {mode} kernel {k} source\n{cpu.generate(kern, f'kernel_{k}')}")
+        shared = shared_kernels(program)
+        sharing = "".join(f"\n  kernels {', '.join(map(str, ks))} share one compiled kernel" for ks in shared
+                          if len(ks) > 1)
+        parts.append(f"# {mode}: {len(program.kernels)} kernel(s) run, {len(shared)} distinct compiled kernel(s)"
+                     f"{sharing}\n{fusion.describe(program)}")
+        for ks in shared:
+            kern = program.kernels[ks[0]]
+            parts.append(f"# {mode} kernel {ks[0]} source\n{cpu.generate(kern, f'kernel_{ks[0]}')}")
     return "\n\n".join(parts)
 
 

@@ -3,6 +3,12 @@
 Grouping is greedy: each fusible equation joins its producers' groups when the merged group still
 lowers to a valid loop nest (`lower_group`) and no other step sits between them; then sibling groups
 over the same domain that share inputs merge (one pass computes a loss and its gradients together).
+
+The work stays near-linear in the graph: groups further apart than MERGE_WINDOW equations are not
+merged, whether a merge would make a cycle is a depth-first search that never enters a step starting
+after the later group ends (in the graph's order), and siblings are tried in order of position among
+the groups reading one input, each with the next one only. `work` counts the steps those searches
+visit and the merges tried.
 """
 from __future__ import annotations
 
@@ -12,6 +18,10 @@ from .ir import Atom, Eqn, Graph, Var
 from .loops import HostStep, LoopKernel, NotFusible, Program, is_transparent, lower_group
 from .primitive import Kind
 
+MAX_INPUTS = 16  # arrays a fused kernel may read: longer chains (a gradient summed over 200 time steps) split
+# into kernels of one shape, which share their compiled code, instead of one kernel per length
+MERGE_WINDOW = 256  # equations between two groups beyond which they are not merged: a forward value used far
+# later in the backward stays in its own kernel, and the cycle check only searches that window
 class _Grouping:
     """Union of computing equations into groups, keeping merged groups valid loop nests and acyclic."""
 
@@ -22,6 +32,10 @@ class _Grouping:
         self.computing = [i for i, e in enumerate(self.eqns) if e.prim.kind in (Kind.ELEMENTWISE, Kind.REDUCE)]
         self.group_of = {i: i for i in self.computing}
         self.members: dict[int, list[int]] = {i: [i] for i in self.computing}
+        self.span: dict[int, tuple[int, int]] = {i: (i, i) for i in self.computing}  # first and last member
+        self.input_cache: dict[int, set[Any]] = {}
+        self.reader_cache: dict[int, set[int]] = {}  # per group: the equations outside it reading its values
+        self.work = 0
         self.producer_index = {o: i for i, e in enumerate(self.eqns) for o in e.outs if e.out not in self.views}
         self.readers: dict[Var, set[int]] = {}  # non-view equations reading a var, directly or through views
         self.escapes: set[Var] = set()  # vars reaching a graph output as they are, or through views
@@ -74,12 +88,13 @@ class _Grouping:
         return found
 
     def successors(self, g: int) -> set[int]:
-        found = set()
-        for i in self.members[g]:
-            for o in self.eqns[i].outs:
-                found.update(self.group_of.get(r, -1 - r) for r in self.readers.get(o, ()))
-        found.discard(g)
-        return found
+        """The steps reading a value group `g` computes (groups >= 0, host equations as -1 - i)."""
+        readers = self.reader_cache.get(g)
+        if readers is None:
+            inside = set(self.members[g])
+            readers = self.reader_cache[g] = {r for i in self.members[g] for o in self.eqns[i].outs
+                                              for r in self.readers.get(o, ()) if r not in inside}
+        return {self.group_of.get(r, -1 - r) for r in readers}
 
     def step_successors(self, node: int) -> set[int]:
         """Successors of a group (>= 0) or of a host equation i (encoded as -1 - i)."""
@@ -91,16 +106,23 @@ class _Grouping:
             found.update(self.group_of.get(r, -1 - r) for r in self.readers.get(o, ()))
         return found
 
+    def first_member(self, node: int) -> int:
+        """The earliest equation of a group (>= 0) or the host equation a node (-1 - i) stands for."""
+        return self.span[node][0] if node >= 0 else -1 - node
+
     def reaches_indirectly(self, src: int, dst: int) -> bool:
-        """Is there a path src -> X -> ... -> dst through some other step X?"""
+        """Is there a path src -> X -> ... -> dst through some other step X? A step whose first equation
+        comes after dst's last cannot lead to dst (equations are in topological order): not searched."""
+        end = self.span[dst][1]
         stack = [s for s in self.successors(src) if s != dst]
         seen: set[int] = set()
         while stack:
             g = stack.pop()
             if g == dst:
                 return True
-            if g not in seen:
+            if g not in seen and self.first_member(g) < end:
                 seen.add(g)
+                self.work += 1
                 stack.extend(self.step_successors(g))
         return False
 
@@ -112,7 +134,13 @@ class _Grouping:
             return lower_group(eqns, self.outputs_of(members, store_squeezed=False), self.views)
 
     def try_merge(self, a: int, b: int) -> bool:
-        if a == b or self.reaches_indirectly(a, b) or self.reaches_indirectly(b, a):
+        self.work += 1
+        if a == b or len(self._inputs(a) | self._inputs(b)) > MAX_INPUTS:
+            return False
+        (lo_a, hi_a), (lo_b, hi_b) = self.span[a], self.span[b]
+        if max(lo_a, lo_b) - min(hi_a, hi_b) > MERGE_WINDOW:
+            return False
+        if self.reaches_indirectly(a, b) or self.reaches_indirectly(b, a):
             return False
         members = self.members[a] + self.members[b]
         try:
@@ -122,7 +150,11 @@ class _Grouping:
         for i in self.members[b]:
             self.group_of[i] = a
         self.members[a] = members
-        del self.members[b]
+        self.span[a] = (min(self.span[a][0], self.span[b][0]), max(self.span[a][1], self.span[b][1]))
+        del self.members[b], self.span[b]
+        for cache in (self.input_cache, self.reader_cache):
+            cache.pop(a, None)
+            cache.pop(b, None)
         return True
 
     def run(self) -> None:
@@ -134,18 +166,30 @@ class _Grouping:
         self.merge_siblings()
 
     def _inputs(self, g: int) -> set[Any]:
-        inside = set(self.members[g])
-        return {self.source(a) for i in self.members[g] for a in self.eqns[i].inputs
-                if isinstance(a, Var) and self.producer_index.get(self.source(a)) not in inside}
+        """The values group `g` reads from outside itself (through views), cached until it merges."""
+        found = self.input_cache.get(g)
+        if found is None:
+            inside = set(self.members[g])
+            found = self.input_cache[g] = {self.source(a) for i in self.members[g] for a in self.eqns[i].inputs
+                                           if isinstance(a, Var) and self.producer_index.get(self.source(a))
+                                           not in inside}
+        return found
 
     def merge_siblings(self) -> None:
+        """Merge groups that read a common input, each with the next group (by position) reading it."""
         changed = True
         while changed:
             changed = False
-            for x in list(self.members):
-                for y in list(self.members):
-                    if x < y and x in self.members and y in self.members and self._inputs(x) & self._inputs(y):
-                        changed |= self.try_merge(x, y)
+            readers: dict[Any, list[tuple[int, int]]] = {}
+            for g in self.members:
+                for v in self._inputs(g):
+                    readers.setdefault(v, []).append((self.span[g][0], g))
+            for positioned in readers.values():
+                groups = [g for _, g in sorted(positioned)]
+                for x, y in zip(groups, groups[1:]):
+                    a, b = self.group_of[x], self.group_of[y]  # where earlier merges of this round put them
+                    if a != b and self.try_merge(a, b):
+                        changed = True
 
 
 def schedule(graph: Graph) -> Program:
@@ -157,7 +201,7 @@ def schedule(graph: Graph) -> Program:
     written = {o for k in steps for o in k.outputs}
     needed_views = _views_needed_on_host(graph, grouping.views, host, written)
     steps += [HostStep(e) for e in graph.eqns if e in host or id(e) in needed_views]
-    return Program(graph, _topological(steps))
+    return Program(graph, _topological(steps), grouping.work)
 
 
 def _views_needed_on_host(graph: Graph, views: dict[Var, Eqn], host: list[Eqn], written: set[Var]) -> set[int]:
@@ -173,32 +217,33 @@ def _views_needed_on_host(graph: Graph, views: dict[Var, Eqn], host: list[Eqn], 
 
 
 def _topological(steps: list[LoopKernel | HostStep]) -> list[LoopKernel | HostStep]:
-    """Order steps so each runs after the steps producing its inputs."""
+    """Order steps so each runs after the steps producing its inputs (Kahn's algorithm: no recursion,
+    whatever the depth of an unrolled loop)."""
     def produced(s: LoopKernel | HostStep) -> list[Var]:
         return list(s.outputs) if isinstance(s, LoopKernel) else list(s.eqn.outs)
 
-    def needed(s: LoopKernel | HostStep) -> list[Var]:
+    def needed(s: LoopKernel | HostStep) -> set[Var]:
         atoms = s.inputs if isinstance(s, LoopKernel) else s.eqn.inputs
-        return [a for a in atoms if isinstance(a, Var)]
+        return {a for a in atoms if isinstance(a, Var)}
 
     made_by = {v: k for k, s in enumerate(steps) for v in produced(s)}
+    waiting = [{made_by[v] for v in needed(s) if v in made_by} for s in steps]
+    users: dict[int, list[int]] = {}
+    for k, deps in enumerate(waiting):
+        for d in deps:
+            users.setdefault(d, []).append(k)
+    ready = [k for k, deps in enumerate(waiting) if not deps]
+    ready.reverse()
     order: list[int] = []
-    state: dict[int, int] = {}
-
-    def visit(k: int) -> None:
-        if state.get(k) == 2:
-            return
-        if state.get(k) == 1:
-            raise RuntimeError("jitgrad internal error: fusion produced a cycle")
-        state[k] = 1
-        for v in needed(steps[k]):
-            if v in made_by:
-                visit(made_by[v])
-        state[k] = 2
+    while ready:
+        k = ready.pop()
         order.append(k)
-
-    for k in range(len(steps)):
-        visit(k)
+        for u in users.get(k, ()):
+            waiting[u].discard(k)
+            if not waiting[u]:
+                ready.append(u)
+    if len(order) != len(steps):
+        raise RuntimeError("jitgrad internal error: fusion produced a cycle")
     return [steps[k] for k in order]
 
 

@@ -98,6 +98,7 @@ class Program:
 
     graph: Graph
     steps: list[LoopKernel | HostStep]
+    fusion_work: int = 0  # steps the grouping visited and merges it tried (a measure of its cost)
 
     @property
     def kernels(self) -> list[LoopKernel]:

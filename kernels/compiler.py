@@ -38,6 +38,7 @@ from numba.core.runtime import rtsys
 from numba.core.serialize import dumps
 
 from jitgrad import cache
+from jitgrad.kernels import background
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -220,6 +221,8 @@ class _CompileLog(numba_event.Listener):
         label = _label(dispatcher, event.data["args"])
         start, done = time.perf_counter(), threading.Event()
         self._running[(threading.get_ident(), id(dispatcher))] = (start, done)
+        if threading.current_thread() is not background.scheduler.worker:
+            background.scheduler.foreground_started()
         log.debug("compiling %s", label)
         threading.Thread(target=self._progress, args=(label, start, done), daemon=True,
                          name="jitgrad-compile-progress").start()
@@ -234,6 +237,8 @@ class _CompileLog(numba_event.Listener):
         running = self._running.pop((threading.get_ident(), id(dispatcher)), None)
         if running is None:
             return
+        if threading.current_thread() is not background.scheduler.worker:
+            background.scheduler.foreground_ended()
         start, done = running
         done.set()
         seconds = time.perf_counter() - start
@@ -280,7 +285,7 @@ class CompiledSource:
     functions: dict[str, Callable[..., Any]]
     parallel: frozenset[str] = frozenset()
     _counted: dict[str, int] = field(default_factory=dict)
-    _background: dict[tuple, threading.Thread] = field(default_factory=dict)  # by (variant, signature)
+    _background: set[tuple] = field(default_factory=set)  # (variant, signature) submitted to the background
     failed: set[str] = field(default_factory=set)
 
     def _count_new_overloads(self, variant: str) -> None:
@@ -305,32 +310,25 @@ class CompiledSource:
         return tuple(numba.typeof(a) for a in args) in self.functions[variant].overloads
 
     def compile_in_background(self, variant: str, args: list[Any]) -> None:
-        """Compile `variant` for these arguments' types in a thread, once per signature; calls meanwhile
-        use another variant. The thread is not a daemon: a process exiting during the compile waits
-        for it (and keeps the result in the disk cache). A failure marks the variant `failed` and is
-        logged."""
+        """Compile `variant` for these arguments' types in the background (`jitgrad.kernels.background`:
+        one at a time, when no other compile runs), once per signature; calls meanwhile use another
+        variant. A failure marks the variant `failed` and is logged."""
         signature = tuple(numba.typeof(a) for a in args)
         with _lock:
             if (variant, signature) in self._background or variant in self.failed:
                 return
+            self._background.add((variant, signature))
 
-            def compile_variant() -> None:
-                try:
-                    self.functions[variant].compile(signature)
-                except Exception:
-                    log.exception("background compile of %s.%s failed; the other variant stays in use",
-                                  self.name, variant)
-                    self.failed.add(variant)
-                self._count_new_overloads(variant)
+        def compile_variant() -> None:
+            try:
+                self.functions[variant].compile(signature)
+            except Exception:
+                log.exception("background compile of %s.%s failed; the other variant stays in use",
+                              self.name, variant)
+                self.failed.add(variant)
+            self._count_new_overloads(variant)
 
-            thread = threading.Thread(target=compile_variant, name=f"jitgrad-compile-{variant}")
-            self._background[(variant, signature)] = thread
-            thread.start()
-
-    def wait_for_background(self) -> None:
-        """Wait for the background compiles started so far."""
-        for thread in list(self._background.values()):
-            thread.join()
+        background.scheduler.submit(compile_variant)
 
 
 def _module(name: str, source: str, path: str | None) -> types.ModuleType:
@@ -372,17 +370,8 @@ def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
 
 
 def wait_for_background_compiles() -> None:
-    """Wait until every background compile started so far has finished."""
-    with _lock:
-        sources = list(_modules.values())
-    for source in sources:
-        source.wait_for_background()
-
-
-if hasattr(os, "register_at_fork"):
-    # A child forked while a background compile holds numba's compiler lock would inherit the lock
-    # held by a thread that does not exist there, and hang at its first compile.
-    os.register_at_fork(before=wait_for_background_compiles)
+    """Wait until every background compile submitted so far has finished."""
+    background.scheduler.wait()
 
 
 def stats() -> dict[str, int]:
