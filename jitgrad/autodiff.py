@@ -62,12 +62,15 @@ def zeros(aval: Aval) -> Any:
     return L.broadcast_to(np.zeros((), aval.dtype), aval.shape)
 
 
-def joint_vjp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
-    """Graph (primals..., cotangents per output...) -> (outputs..., gradient per `wrt` input...)."""
+def joint_vjp_graph(graph: Graph, wrt: Sequence[int], differentiated: int | None = None) -> Graph:
+    """Graph (primals..., cotangents per output...) -> (outputs..., gradient per `wrt` input...). With
+    `differentiated`, only the first that many outputs take cotangents; the others (a loss's auxiliary
+    values) are computed alongside and carry no gradient."""
     builder = Builder(parent=None)
     with building(builder):
         env: dict[Var, Any] = {v: builder.new_input(v.aval, n) for v, n in zip(graph.inputs, graph.input_names)}
-        cts_in = [builder.new_input(o.aval, f"d_out{i}") for i, o in enumerate(graph.outputs)]
+        n_cts = len(graph.outputs) if differentiated is None else differentiated
+        cts_in = [builder.new_input(o.aval, f"d_out{i}") for i, o in enumerate(graph.outputs[:n_cts])]
         replay(graph, env)
         live = differentiable_vars(graph, wrt)
         ct: dict[Var, Any] = {}

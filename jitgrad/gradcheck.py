@@ -3,8 +3,8 @@ row from vjps through the compiled kernels, with central finite differences; `gr
 the same for the vjp itself (second derivatives); `jacobian` returns the full Jacobian, which a
 single PyTorch `backward` cannot produce.
 
-Numpy array inputs are the function's variables (float ones are checked); other inputs (Python
-numbers, flags) are passed through unchanged.
+Numpy array inputs, and the array leaves of pytree inputs, are the function's variables (float ones are
+checked); other inputs (Python numbers, flags) are passed through unchanged.
 """
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .api import Traced, trace, vjp
+from . import trees
+from .api import Traced, trace
 from .errors import GradcheckError, InputError, UnsupportedError
 from .tracing import Tracer, current_builder
+from .transforms import vjp
 from .trees import flatten_output, unflatten_output
 
 
@@ -47,23 +49,28 @@ def _name(fn: Callable[..., Any]) -> str:
     return f"{owner.__name__}.{name}" if isinstance(owner, type) else name
 
 
-def _problem(fn: Callable[..., Any], inputs: Any, what: str) -> tuple[_Problem, list[int]]:
-    """The traced problem and, per array input, its position among the user's inputs."""
+def _problem(fn: Callable[..., Any], inputs: Any, what: str) -> tuple[_Problem, list[tuple[int, int]]]:
+    """The traced problem and, per array input, where it sits among the user's inputs: (input, leaf of it).
+    Inputs may be pytrees; their array leaves are the variables, other leaves stay fixed."""
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    if any(isinstance(x, Tracer) for x in inputs) or current_builder() is not None:
+    flat = [trees.tree_flatten(x) for x in inputs]
+    if current_builder() is not None or any(isinstance(leaf, Tracer) for leaves, _ in flat for leaf in leaves):
         raise UnsupportedError(f"jg.{what} evaluates on numpy arrays; it cannot be used inside a traced function")
-    positions = [i for i, x in enumerate(inputs) if isinstance(x, (np.ndarray, np.generic))]
+    slots = [(i, j) for i, (leaves, _) in enumerate(flat) for j, leaf in enumerate(leaves)
+             if isinstance(leaf, (np.ndarray, np.generic))]
     base = fn.fn if isinstance(fn, Traced) else fn
 
     def on_arrays(*arrays: Any) -> Any:
-        full = list(inputs)
-        for i, a in zip(positions, arrays):
-            full[i] = a
-        return base(*full)
+        full = [list(leaves) for leaves, _ in flat]
+        for (i, j), a in zip(slots, arrays):
+            full[i][j] = a
+        return base(*[trees.tree_unflatten(treedef, leaves) for leaves, (_, treedef) in zip(full, flat)])
 
     on_arrays.__name__ = _name(base)
-    arrays = [np.asarray(inputs[i]) for i in positions]
-    return _Problem(trace(on_arrays), arrays, [f"input {i}" for i in positions]), positions
+    arrays = [np.asarray(flat[i][0][j]) for i, j in slots]
+    names = [f"input {i}" if flat[i][1].is_leaf() else
+             f"input {i}" + "".join(f"[{k!r}]" for k in flat[i][1].paths()[j]) for i, j in slots]
+    return _Problem(trace(on_arrays), arrays, names), slots
 
 
 def _analytic(problem: _Problem, wrt: Sequence[int]) -> tuple[list[np.ndarray], Any, list[list[np.ndarray]]]:
@@ -210,24 +217,35 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
 
 
 def jacobian(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> Callable[..., Any]:
-    """A function returning the full Jacobian of `fn` (a function of numpy arrays): per output, an array of
-    shape output.shape + input.shape (a tuple of them when `argnums` is a sequence), in the input's dtype."""
+    """A function returning the full Jacobian of `fn` (a function of numpy arrays, or pytrees of them): per
+    output, an array of shape output.shape + input.shape (a tuple of them when `argnums` is a sequence; a tree
+    of them, in the argument's structure, for a pytree argument), in the input's dtype."""
     numbers = [argnums] if isinstance(argnums, int) else list(argnums)
 
     def jacobian_fn(*args: Any) -> Any:
-        problem, positions = _problem(fn, args, "jacobian")
-        wrt = []
+        problem, slots = _problem(fn, args, "jacobian")
+        wrt, structures = [], []
         for a in numbers:
-            j = positions.index(a) if a in positions else None
-            if j is None or problem.arrays[j].dtype.kind != "f":
-                raise InputError(f"jg.jacobian: argument {a} is not a float numpy array, so it has no Jacobian")
-            wrt.append(j)
-        leaves, tree, jac = _analytic(problem, wrt)
+            mine = [k for k, (i, _) in enumerate(slots) if i == a % max(len(args), 1)]
+            if not -len(args) <= a < len(args) or not mine or \
+                    any(problem.arrays[k].dtype.kind != "f" for k in mine):
+                raise InputError(f"jg.jacobian: argument {a} is not a float numpy array (or a tree of them), so "
+                                 f"it has no Jacobian")
+            wrt.append(mine)
+            structures.append(trees.tree_structure(args[a]))
+        flat_wrt = [k for mine in wrt for k in mine]
+        leaves, tree, jac = _analytic(problem, flat_wrt)
         per_output = []
         for k, o in enumerate(leaves):
-            blocks = tuple(jac[k][c].astype(problem.arrays[j].dtype).reshape(o.shape + problem.arrays[j].shape)
-                           for c, j in enumerate(wrt))
-            per_output.append(blocks[0] if isinstance(argnums, int) else blocks)
+            column = iter(range(len(flat_wrt)))
+            blocks = []
+            for mine, structure in zip(wrt, structures):
+                parts = []
+                for j in mine:
+                    c = next(column)
+                    parts.append(jac[k][c].astype(problem.arrays[j].dtype).reshape(o.shape + problem.arrays[j].shape))
+                blocks.append(trees.tree_unflatten(structure, parts))
+            per_output.append(blocks[0] if isinstance(argnums, int) else tuple(blocks))
         return unflatten_output(tree, per_output)
 
     jacobian_fn.__name__ = f"jacobian_{_name(fn)}"

@@ -18,11 +18,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import programs
-from .arguments import Arguments, CallSignature
+from . import programs, trees
+from .arguments import LEAF, STATIC, Arguments, Call, CallSignature
 from .autodiff import SplitGraphs
 from .captures import Captures
-from .errors import InputError
+from .errors import InputError, JitgradError
 from .ir import Graph
 from .traces import trace_to_graph
 
@@ -70,22 +70,31 @@ class Plan:
     lock: threading.RLock = field(default_factory=threading.RLock)  # value-and-grad nests builds
 
     @functools.cached_property
-    def dynamic(self) -> list[int]:
-        """Positions of the traced (non-static) arguments."""
-        return [i for i, a in enumerate(self.signature.avals) if a is not None]
-
-    @functools.cached_property
-    def dynamic_avals(self) -> list[Any]:
-        return [self.signature.avals[i] for i in self.dynamic]
+    def leaf_ranges(self) -> list[range]:
+        """Per argument, the graph inputs holding its leaves (none for a static argument)."""
+        return self.signature.leaf_ranges()
 
     def differentiable(self, argnums: Sequence[int]) -> list[int]:
-        """Graph input positions (among dynamic args) for the float arguments in `argnums`."""
-        dyn = self.dynamic
-        return [dyn.index(i) for i in argnums if i in dyn and self.signature.avals[i].is_float]
+        """Graph input positions of the float leaves of the arguments `argnums`."""
+        return [k for i in argnums for k in self.leaf_ranges[i] if self.signature.avals[k].is_float]
 
-    def inputs(self, args: Sequence[Any], captured: list[Any]) -> list[Any]:
-        """The programs' inputs for a call: the dynamic arguments, then the captured arrays."""
-        return self.backend.inputs([args[i] for i in self.dynamic], self.dynamic_avals) + captured
+    def all_differentiable(self) -> list[int]:
+        """Graph input positions of every float leaf."""
+        return [k for k, a in enumerate(self.signature.avals) if a.is_float]
+
+    def inputs(self, leaves: Sequence[Any], captured: list[Any]) -> list[Any]:
+        """The programs' inputs for a call: the argument leaves, then the captured arrays."""
+        return self.backend.inputs(leaves, self.signature.avals) + captured
+
+    def per_argument(self, values: dict[int, Any], positions: Sequence[int]) -> list[Any]:
+        """Per argument in `positions`, its leaves' values (by graph input, None where missing) in its own
+        structure: an array for a bare one, a tree for a tree."""
+        found = []
+        for i in positions:
+            structure, leaves = self.signature.structures[i], [values.get(k) for k in self.leaf_ranges[i]]
+            found.append(None if structure is STATIC else leaves[0] if structure is LEAF
+                         else trees.tree_unflatten(structure, leaves))
+        return found
 
     def built(self, key: Any, build: Callable[[], Any]) -> Any:
         found = self.executables.get(key)
@@ -104,15 +113,17 @@ class Plan:
         """The plain call's executable."""
         return self.built("call", lambda: self.compile(self.graph))
 
-    def value_and_grad(self, wrt: Sequence[int]) -> Any:
-        """The joint value-and-grad executable for the graph inputs `wrt`."""
+    def value_and_grad(self, wrt: Sequence[int], has_aux: bool = False) -> Any:
+        """The joint value-and-grad executable for the graph inputs `wrt` (with `has_aux`, the outputs after
+        the first are computed alongside, undifferentiated)."""
         wrt = tuple(wrt)
-        return self.built(("joint", wrt), lambda: self.compile(programs.value_and_grad_graph(self.graph, wrt)))
+        return self.built(("joint", wrt, has_aux),
+                          lambda: self.compile(programs.value_and_grad_graph(self.graph, wrt, has_aux)))
 
     def split(self) -> Split:
         """The forward/backward pair, differentiating every float input."""
         def build() -> Split:
-            wrt = self.differentiable(self.dynamic)
+            wrt = self.all_differentiable()
             graphs = programs.split_graphs(self.graph, wrt)
             return Split(graphs, self.compile(graphs.forward), self.compile(graphs.backward), wrt)
         return self.built("split", build)
@@ -120,7 +131,7 @@ class Plan:
     def kernel_counts(self) -> dict[str, int]:
         """How many fused kernels each mode runs (compiling what it needs)."""
         counts = {"call": self.call().kernel_count}
-        wrt = self.differentiable(self.dynamic)
+        wrt = self.all_differentiable()
         if wrt and programs.has_scalar_output(self.graph):
             counts["value_and_grad"] = self.value_and_grad(wrt).kernel_count
         if wrt:
@@ -142,16 +153,16 @@ class PlanCache:
         self.lock = threading.Lock()
         self.stats = {"hits": 0, "misses": 0}
 
-    def find(self, args: Sequence[Any]) -> tuple[Plan, list[np.ndarray]]:
-        """The plan for these arguments and the current values of the arrays it reads from outside them;
+    def find(self, call: Call) -> tuple[Plan, list[np.ndarray]]:
+        """The plan for a call's arguments and the current values of the arrays it reads from outside them;
         a plan whose captured arrays changed shape or dtype, or were rebound to something else than an
         array, is traced again."""
-        plan, sig, fast = self._lookup(args)
+        plan, sig = self._lookup(call)
         if not plan.captures:
             return plan, []
         captured = plan.captures.read()
         if captured is None:
-            plan = self._retrace(plan, args, sig, fast)
+            plan = self._retrace(plan, call, sig)
             captured = plan.captures.read()
             if captured is None:
                 raise InputError(f"{self.arguments.name}: the arrays it reads from outside its arguments changed "
@@ -178,59 +189,53 @@ class PlanCache:
             self.by_fast_key.clear()
             self.fast_paths.clear()
 
-    def _lookup(self, args: Sequence[Any]) -> tuple[Plan, CallSignature | None, tuple | None]:
-        try:
-            fast = self.arguments.fast_key(args)
-            found = self.by_fast_key.get(fast) if fast is not None else None
-        except TypeError:  # an unhashable static argument: the full signature says so
-            fast, found = None, None
+    def _lookup(self, call: Call) -> tuple[Plan, CallSignature | None]:
+        fast = call.fast
+        found = self.by_fast_key.get(fast) if fast is not None else None
         if found is not None:
             self.stats["hits"] += 1
             self.used(found)
-            return found, None, fast
-        self.arguments.positional(args, {})
-        sig = self.arguments.call_signature(args)
+            return found, None
+        sig = self.arguments.call_signature(call)
         found = self.plans.get(sig)
         if found is not None:
             self.stats["hits"] += 1
             self.used(found)
             if fast is not None:
                 self.by_fast_key[fast] = found
-            return found, sig, fast
+            return found, sig
         with self.lock:
             found = self.plans.get(sig)
             if found is not None:
                 self.stats["hits"] += 1
-                return found, sig, fast
-            return self._traced(args, sig, fast), sig, fast
+                return found, sig
+            return self._traced(sig, fast), sig
 
-    def _retrace(self, stale: Plan, args: Sequence[Any], sig: CallSignature | None, fast: tuple | None) -> Plan:
+    def _retrace(self, stale: Plan, call: Call, sig: CallSignature | None) -> Plan:
         """Replace a plan whose captured arrays no longer fit it by a new trace."""
-        sig = sig or self.arguments.call_signature(args)
+        sig = sig or self.arguments.call_signature(call)
         with self.lock:
             current = self.plans.get(sig)
             if current is not None and current is not stale:
                 return current  # another thread re-traced it already
             self.forget(stale)
-            return self._traced(args, sig, fast)
+            return self._traced(sig, call.fast)
 
-    def _traced(self, args: Sequence[Any], sig: CallSignature, fast: tuple | None) -> Plan:
+    def _traced(self, sig: CallSignature, fast: tuple | None) -> Plan:
         """Trace the function for `sig` and keep the plan (called under `lock`)."""
         self.stats["misses"] += 1
-        statics = {i: v.value for i, v in sig.statics}
-        dyn = [i for i, a in enumerate(sig.avals) if a is not None]
 
-        def call_with_statics(*dynamic: Any) -> Any:
-            full = list(args)
-            for i, v in zip(dyn, dynamic):
-                full[i] = v
-            for i, v in statics.items():
-                full[i] = v
-            return self.fn(*full)
+        def on_leaves(*leaves: Any) -> Any:
+            return self.fn(*sig.rebuild(leaves))
 
-        names = self.arguments.names(dyn)
-        traced = trace_to_graph(call_with_statics, [sig.avals[i] for i in dyn], names, parent=None,
-                                reads_from=self.fn)
+        names = self.arguments.leaf_names(sig)
+        try:
+            traced = trace_to_graph(on_leaves, list(sig.avals), names, parent=None, reads_from=self.fn)
+        except (JitgradError, TypeError) as exc:
+            hint = self.arguments.tree_hint(sig)
+            if hint is None:
+                raise
+            raise InputError(f"{hint}; tracing failed with it:\n{type(exc).__name__}: {exc}") from exc
         plan = Plan(sig, traced.graph, traced.tree, names, self.backend, traced.captures)
         self.plans[sig] = plan
         if fast is not None:

@@ -16,15 +16,18 @@ def call_graph(graph: Graph) -> Graph:
     return passes.optimize(graph)
 
 
-def has_scalar_output(graph: Graph) -> bool:
-    """Does the graph return one float scalar (so value-and-grad applies)?"""
+def has_scalar_output(graph: Graph, has_aux: bool = False) -> bool:
+    """Does the graph return one float scalar (first, then auxiliary values with `has_aux`), so that
+    value-and-grad applies?"""
     outs = graph.outputs
-    return len(outs) == 1 and outs[0].aval.size == 1 and outs[0].aval.is_float
+    return (len(outs) >= 1 if has_aux else len(outs) == 1) and outs[0].aval.size == 1 and outs[0].aval.is_float
 
 
-def value_and_grad_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
-    """One program computing the scalar output and its gradient w.r.t. the inputs `wrt`, optimised."""
-    return passes.optimize(with_unit_cotangent(joint_vjp_graph(graph, list(wrt)), len(graph.inputs)))
+def value_and_grad_graph(graph: Graph, wrt: Sequence[int], has_aux: bool = False) -> Graph:
+    """One program computing the scalar first output (and, with `has_aux`, the other outputs alongside)
+    and its gradient w.r.t. the inputs `wrt`, optimised."""
+    joint = joint_vjp_graph(graph, list(wrt), differentiated=1 if has_aux else None)
+    return passes.optimize(with_unit_cotangent(joint, len(graph.inputs)))
 
 
 def split_graphs(graph: Graph, wrt: Sequence[int]) -> SplitGraphs:

@@ -1,48 +1,91 @@
-"""Trees of traced values: what a traced function returns (an array, or tuples, lists and dicts of them)
-flattened into leaves and a structure, and rebuilt around computed arrays."""
+"""Pytrees: nested containers of arrays (dicts, lists, tuples, namedtuples, registered classes and
+dataclasses) as a traced function's arguments and results, flattened into leaves and a structure
+by optree, the C++ pytree library PyTorch's pytree utilities can use, and rebuilt from them.
+
+`None` is a node without leaves (it stays None). Dict leaves come in sorted key order; a rebuilt
+dict keeps its original key order. User classes join with `register_pytree_node` or
+`register_dataclass` (in jitgrad's own optree namespace, so other libraries' registrations do not
+interfere).
+"""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import optree
 
 from .errors import TraceError
 from .tracing import Tracer
 
+NAMESPACE = "jitgrad"
+TreeDef = optree.PyTreeSpec
 
-def flatten_output(result: Any) -> tuple[list[Any], Any]:
-    """Flatten a returned value (array, or tuple/list/dict of arrays) into leaves and a structure."""
-    if isinstance(result, (tuple, list)):
-        leaves: list[Any] = []
-        subs = []
-        for r in result:
-            l, t = flatten_output(r)
-            leaves += l
-            subs.append((len(l), t))
-        return leaves, (type(result), subs)
-    if isinstance(result, dict):
-        keys = list(result.keys())
-        l, t = flatten_output([result[k] for k in keys])
-        return l, (dict, keys, t)
+
+def tree_flatten(tree: Any) -> tuple[list[Any], TreeDef]:
+    """The leaves of `tree` (in a fixed order: dict keys sorted) and its structure."""
+    return optree.tree_flatten(tree, namespace=NAMESPACE)
+
+
+def tree_unflatten(treedef: TreeDef, leaves: Sequence[Any]) -> Any:
+    """The tree of `treedef`'s structure holding `leaves`."""
+    return optree.tree_unflatten(treedef, list(leaves))
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    return optree.tree_leaves(tree, namespace=NAMESPACE)
+
+
+def tree_structure(tree: Any) -> TreeDef:
+    return optree.tree_structure(tree, namespace=NAMESPACE)
+
+
+def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+    """`fn` applied to every leaf of `tree` (and the matching leaves of `rest`, of the same structure)."""
+    return optree.tree_map(fn, tree, *rest, namespace=NAMESPACE)
+
+
+def register_pytree_node(cls: type, flatten: Callable[[Any], tuple[Sequence[Any], Any]],
+                         unflatten: Callable[[Any, Sequence[Any]], Any]) -> type:
+    """Make instances of `cls` pytrees: `flatten(obj) -> (children, aux)`, `unflatten(aux, children) -> obj`
+    (aux is hashable and part of the structure: plans are keyed on it)."""
+    optree.register_pytree_node(cls, lambda obj: tuple(flatten(obj)), unflatten, namespace=NAMESPACE)
+    return cls
+
+
+def register_dataclass(cls: type) -> type:
+    """Make a dataclass a pytree whose leaves are its fields (usable as a decorator)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"register_dataclass: {cls.__name__} is not a dataclass")
+    names = tuple(f.name for f in dataclasses.fields(cls))
+
+    def flatten(obj: Any) -> tuple[list[Any], tuple[str, ...]]:
+        return [getattr(obj, n) for n in names], names
+
+    def unflatten(field_names: tuple[str, ...], children: Sequence[Any]) -> Any:
+        return cls(**dict(zip(field_names, children)))
+
+    return register_pytree_node(cls, flatten, unflatten)
+
+
+def flatten_output(result: Any) -> tuple[list[Any], TreeDef]:
+    """Flatten what a traced function returned: a tree whose leaves are arrays or numbers."""
+    leaves, treedef = tree_flatten(result)
     if result is None:
-        raise TraceError("the traced function returned None; it must return an array or a tuple/list/dict of "
-                         "arrays")
-    if not isinstance(result, (Tracer, np.ndarray, np.generic, int, float, bool)):
-        raise TraceError(f"the traced function returned a {type(result).__name__}; it must return arrays "
-                         "(or a tuple/list/dict of them)")
-    return [result], None
+        raise TraceError("the traced function returned None; it must return an array or a tree (tuple, list, "
+                         "dict...) of arrays")
+    for leaf in leaves:
+        if not isinstance(leaf, (Tracer, np.ndarray, np.generic, int, float, bool)):
+            raise TraceError(f"the traced function returned a {type(leaf).__name__}; it must return arrays (or a "
+                             f"tree of them: tuples, lists, dicts, namedtuples, registered classes)")
+    return leaves, treedef
 
 
-def unflatten_output(tree: Any, leaves: Sequence[Any]) -> Any:
-    if tree is None:
-        return leaves[0]
-    if tree[0] is dict:
-        _, keys, t = tree
-        vals = unflatten_output(t, leaves)
-        return dict(zip(keys, vals))
-    kind, subs = tree
-    out, i = [], 0
-    for n, t in subs:
-        out.append(unflatten_output(t, leaves[i:i + n]))
-        i += n
-    return kind(out) if kind is not list else out
+def unflatten_output(treedef: TreeDef, leaves: Sequence[Any]) -> Any:
+    return tree_unflatten(treedef, leaves)
+
+
+def is_value_aux_pair(treedef: TreeDef) -> bool:
+    """Is this the structure of `(value, aux)`: a tuple or list of two whose first item is one leaf?"""
+    return (treedef.kind in (optree.PyTreeKind.TUPLE, optree.PyTreeKind.LIST) and treedef.num_children == 2
+            and treedef.children()[0].is_leaf())

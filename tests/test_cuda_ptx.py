@@ -52,7 +52,7 @@ def kernels_of(fn, *args) -> list[loops.LoopKernel]:
     """The fused kernels of the plain call and, for scalar float outputs, of value-and-grad."""
     plan = jg.trace(fn).plan(*args)
     graphs = [plan.graph]
-    wrt = plan.differentiable(plan.dynamic)
+    wrt = plan.all_differentiable()
     if wrt and plan.graph.outputs[0].aval.size == 1 and plan.graph.outputs[0].aval.is_float:
         graphs.append(with_unit_cotangent(joint_vjp_graph(plan.graph, wrt), len(plan.graph.inputs)))
     return [k for g in graphs for k in fusion.schedule(passes.optimize(g)).kernels]

@@ -38,10 +38,12 @@ BAD_INPUTS = [
      "product_sum: missing a required argument: 'y'"),
     ("too many arguments", lambda: product_sum(X3, X3, X3), jg.InputError,
      "product_sum: too many positional arguments"),
-    ("a list", lambda: product_sum([1.0, 2.0, 3.0], X3), jg.InputError,
-     "product_sum: argument 0 is a list; pass numpy arrays or Python numbers, or list its position in "
-     "static_argnums if it is a configuration value"),
-    ("None", lambda: product_sum(X3, None), jg.InputError, "product_sum: argument 1 is a NoneType; pass numpy arrays"),
+    ("a list of numbers", lambda: product_sum([1.0, 2.0, 3.0], X3), jg.InputError,
+     "product_sum: argument 0 is a list of 3 numbers, which jitgrad takes as a pytree of 3 scalars (as JAX does), "
+     "not as an array; pass np.asarray(...) if it is array data; tracing failed with it:\nConcretizationError"),
+    ("None", lambda: product_sum(X3, None), jg.InputError,
+     "product_sum: argument 1 is None, which jitgrad takes as a pytree without leaves (as JAX does); pass an array"),
+    ("a set", lambda: product_sum({1.0}, X3), jg.InputError, "product_sum: argument 0 is a set; pass numpy arrays"),
     ("a string", lambda: product_sum("abc", X3), jg.InputError, "product_sum: argument 0 is a str; pass numpy arrays"),
     ("a Python complex", lambda: product_sum(1j, X3), jg.InputError, "product_sum: argument 0 is a complex;"),
     ("an int beyond int64", lambda: product_sum(2 ** 70, X3), jg.InputError,
@@ -76,7 +78,7 @@ BAD_INPUTS = [
      "double.backward: cotangent 0 is a str of dtype <U3"),
     ("grad of a non-scalar output", lambda: double.grad(X3), jg.InputError,
      "double.value_and_grad needs a function returning one float scalar, but it returns float32[3]; reduce it "
-     "(e.g. np.sum) or use vjp/backward with a cotangent"),
+     "(e.g. np.sum), return (loss, aux) with has_aux=True, or use vjp/backward with a cotangent"),
     ("jg.grad of a non-scalar output", lambda: jg.grad(lambda t: t * 2.0)(X3), jg.InputError,
      "<lambda>.value_and_grad needs a function returning one float scalar"),
     ("argnums at an int array", lambda: product_sum.grad(np.arange(3), X3, argnums=0), jg.InputError,

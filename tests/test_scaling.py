@@ -4,7 +4,6 @@ timing), matrix products with a weight matrix are single GEMMs, and float32 grad
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import jitgrad as jg
 from jitgrad import fusion, programs

@@ -3,6 +3,7 @@ axes, and the primitives those need themselves: `convert` and the views `broadca
 and `transpose`. Also the helpers that declare an elementwise primitive with its numpy ufunc binding."""
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
@@ -10,10 +11,10 @@ import numpy as np
 
 from .. import lax as L
 from ..dispatch import implements
-from ..errors import ShapeError, UnsupportedError
+from ..errors import PrecisionWarning, ShapeError, UnsupportedError
 from ..ir import Atom, Aval, Eqn
 from ..primitive import Kind, Lowering, Primitive, declare, lowerings
-from ..tracing import Tracer, bind, builder_aval, constant_of, where_text
+from ..tracing import Tracer, bind, builder_aval, constant_of, user_source, where_text
 
 ArrayLike = Any
 VECMATH = "jitgrad.kernels.vecmath"
@@ -114,11 +115,30 @@ def elementwise(prim: Primitive, numpy_fn: Any, *xs: ArrayLike, compute_dtype: n
     shape = broadcast_shapes(prim.name, *xs)
     dtype, weak = result_type(numpy_fn, *xs)
     check_computable(prim.name, dtype, xs)
+    if dtype == np.float64 and len(xs) > 1:
+        warn_if_widened(prim.name, [aval_of(x) for x in xs])
     cdt = dtype if compute_dtype is None else compute_dtype
     if not weak and cdt.kind in "iu":
         xs = tuple(fitting_python_int(x, cdt) for x in xs)
     args = [broadcast_to(convert(x, cdt, weak), shape) for x in xs]
     return bind(prim, *args)
+
+
+def warn_if_widened(op: str, avals: Sequence[Aval]) -> None:
+    """Warn (once per user line) when a float64 scalar that is not a Python float widens float32 arrays."""
+    if not any(a.dtype == np.float32 and not a.weak and a.shape for a in avals):
+        return
+    if not any(a.dtype == np.float64 and not a.weak and not a.shape for a in avals):
+        return
+    src = user_source()
+    filename, lineno = (src.filename, src.lineno) if src else ("<jitgrad>", 0)
+    warnings.warn_explicit(
+        f"{op}: a float64 scalar (a numpy float64, not a Python float) widens float32 arrays to float64, as numpy "
+        f"does; write a Python float (float(lr)) or np.float32(lr) to stay in float32{where_text()}",
+        PrecisionWarning, filename, lineno, registry=_widening_warned)
+
+
+_widening_warned: dict = {}  # warnings' registry for warn_if_widened: each user line warns once
 
 
 def fitting_python_int(x: ArrayLike, dtype: np.dtype) -> ArrayLike:

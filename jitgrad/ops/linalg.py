@@ -53,11 +53,15 @@ def matmul(x: ArrayLike, y: ArrayLike, /) -> ArrayLike:
     except ValueError:
         raise ShapeError(f"matmul: batch dimensions of {ax.shape} and {ay.shape} do not broadcast{where_text()}") \
             from None
+    out_shape = batch + ((sx[-2],) if ax.ndim > 1 else ()) + ((sy[-1],) if ay.ndim > 1 else ())
+    if len(sy) == 2 and len(sx) > 2:
+        # (..., M, K) @ (K, N) is one (prod(...) * M, K) @ (K, N) product: one large GEMM instead of one per
+        # batch element, and a gradient for the matrix that is one GEMM too, not a batch of them summed.
+        flat = reshape(convert(x2, dtype, weak), (-1, sx[-1]))
+        return reshape(bind(matmul_p, flat, convert(y2, dtype, weak)), out_shape)
     x2 = broadcast_to(convert(x2, dtype, weak), batch + sx[-2:])
     y2 = broadcast_to(convert(y2, dtype, weak), batch + sy[-2:])
-    out = bind(matmul_p, x2, y2)
-    out_shape = batch + ((sx[-2],) if ax.ndim > 1 else ()) + ((sy[-1],) if ay.ndim > 1 else ())
-    return reshape(out, out_shape)
+    return reshape(bind(matmul_p, x2, y2), out_shape)
 
 
 @implements(np.dot, method="dot")
