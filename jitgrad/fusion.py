@@ -6,9 +6,9 @@ over the same domain that share inputs merge (one pass computes a loss and its g
 
 The work stays near-linear in the graph: groups further apart than MERGE_WINDOW equations are not
 merged, whether a merge would make a cycle is a depth-first search that never enters a step starting
-after the later group ends (in the graph's order), and siblings are tried in order of position among
-the groups reading one input, each with the next one only. `work` counts the steps those searches
-visit and the merges tried.
+after the target group ends (in the graph's order; extended past groups that span back), and siblings
+are tried in order of position among the groups reading one input, each with the next one only.
+`work` counts the steps those searches visit and the merges tried.
 """
 from __future__ import annotations
 
@@ -22,6 +22,38 @@ MAX_INPUTS = 16  # arrays a fused kernel may read: longer chains (a gradient sum
 # into kernels of one shape, which share their compiled code, instead of one kernel per length
 MERGE_WINDOW = 256  # equations between two groups beyond which they are not merged: a forward value used far
 # later in the backward stays in its own kernel, and the cycle check only searches that window
+class _PrefixMax:
+    """Max over positions [0, end) of values set per position (a segment tree): where the groups starting
+    before a position end, in O(log n) per update and query."""
+
+    def __init__(self, n: int):
+        self.size = 1
+        while self.size < max(n, 1):
+            self.size *= 2
+        self.tree = [-1] * (2 * self.size)
+
+    def set(self, i: int, value: int) -> None:
+        i += self.size
+        self.tree[i] = value
+        while i > 1:
+            i //= 2
+            self.tree[i] = max(self.tree[2 * i], self.tree[2 * i + 1])
+
+    def below(self, end: int) -> int:
+        """The largest value at a position < end (-1 if none)."""
+        lo, hi, best = self.size, self.size + min(end, self.size), -1
+        while lo < hi:
+            if lo & 1:
+                best = max(best, self.tree[lo])
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                best = max(best, self.tree[hi])
+            lo //= 2
+            hi //= 2
+        return best
+
+
 class _Grouping:
     """Union of computing equations into groups, keeping merged groups valid loop nests and acyclic."""
 
@@ -33,6 +65,7 @@ class _Grouping:
         self.group_of = {i: i for i in self.computing}
         self.members: dict[int, list[int]] = {i: [i] for i in self.computing}
         self.span: dict[int, tuple[int, int]] = {i: (i, i) for i in self.computing}  # first and last member
+        self.ends = _PrefixMax(len(self.eqns))  # at each group's first member, its last one
         self.input_cache: dict[int, set[Any]] = {}
         self.reader_cache: dict[int, set[int]] = {}  # per group: the equations outside it reading its values
         self.work = 0
@@ -110,10 +143,21 @@ class _Grouping:
         """The earliest equation of a group (>= 0) or the host equation a node (-1 - i) stands for."""
         return self.span[node][0] if node >= 0 else -1 - node
 
-    def reaches_indirectly(self, src: int, dst: int) -> bool:
-        """Is there a path src -> X -> ... -> dst through some other step X? A step whose first equation
-        comes after dst's last cannot lead to dst (equations are in topological order): not searched."""
+    def search_bound(self, dst: int) -> int:
+        """A position such that no step whose first equation is at or after it leads to group `dst`: dst's
+        last equation, extended to the last equation of every group starting before the bound (a path into
+        dst can come back from a later step only through a group that spans back), to a fixed point."""
         end = self.span[dst][1]
+        while True:
+            further = self.ends.below(end)
+            if further <= end:
+                return end
+            end = further
+
+    def reaches_indirectly(self, src: int, dst: int) -> bool:
+        """Is there a path src -> X -> ... -> dst through some other step X? Steps starting at or after
+        `search_bound(dst)` cannot lead to dst: not searched."""
+        end = self.search_bound(dst)
         stack = [s for s in self.successors(src) if s != dst]
         seen: set[int] = set()
         while stack:
@@ -150,7 +194,10 @@ class _Grouping:
         for i in self.members[b]:
             self.group_of[i] = a
         self.members[a] = members
+        self.ends.set(self.span[a][0], -1)
+        self.ends.set(self.span[b][0], -1)
         self.span[a] = (min(self.span[a][0], self.span[b][0]), max(self.span[a][1], self.span[b][1]))
+        self.ends.set(self.span[a][0], self.span[a][1])
         del self.members[b], self.span[b]
         for cache in (self.input_cache, self.reader_cache):
             cache.pop(a, None)

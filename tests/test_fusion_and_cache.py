@@ -193,3 +193,14 @@ def test_a_second_layout_of_the_same_kernel_gets_its_own_parallel_compile() -> N
         (exe,) = [v for k, v in f.plan(x).executables.items() if k == "call"]
         (call,) = [c for c in exe.calls if hasattr(c, "chooser")]
         assert call.chooser.choice is not None and len(call.chooser.timings["parallel_kernel"]) == 3
+
+
+def test_no_cycle_through_a_group_that_spans_back() -> None:
+    """A merge whose only path back runs through a step starting after the target group and a group spanning
+    back before it (three svds' second derivatives): the cycle search must not stop at that step."""
+    w = np.random.default_rng(0).standard_normal((3, 4))
+
+    def three_svds(a):
+        return [np.linalg.svd(a, False)[0] ** 2, np.linalg.svd(a, False)[1], np.linalg.svd(a, False)[2] ** 2]
+
+    assert jg.gradgradcheck(three_svds, [w])
