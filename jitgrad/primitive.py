@@ -96,6 +96,7 @@ class Primitive:
     # number everywhere, and one giving an atom's producing equation; returns an atom, an equation or None.
     simplify: Callable[[Eqn, Callable[[Atom], Any], Callable[[Atom], Eqn | None]], Atom | Eqn | None] | None = None
     backward_label: str = ""
+    fresh_output: bool = False  # a host op whose result is always a new array (never a view of an input)
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"

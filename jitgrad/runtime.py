@@ -136,6 +136,7 @@ class _HostCall:
     params: dict[str, Any]
     inputs: list[int]
     outputs: list[int]
+    fresh: bool = False  # the result is a new array: an output needs no copy
 
     def run(self, slots: list[Any]) -> None:
         res = self.fn(*[slots[i] for i in self.inputs], **self.params)
@@ -190,7 +191,7 @@ class Executable:
         self.output_slots = [self._slot(a) for a in graph.outputs]
         self.initial = self.table.initial
         fresh = {i for c in self.calls if isinstance(c, _KernelCall) for i in c.outputs}
-        fresh |= {i for c in self.calls if isinstance(c, _HostCall) and c.fn is np.matmul for i in c.outputs}
+        fresh |= {i for c in self.calls if isinstance(c, _HostCall) and c.fresh for i in c.outputs}
         self.copy_output = outputs_to_copy(self.output_slots, fresh)
         self.any_copy = any(self.copy_output)
         self.sources = [c.compiled.source for c in self.calls if isinstance(c, _KernelCall)]
@@ -199,7 +200,7 @@ class Executable:
         if isinstance(step, HostStep):
             e = step.eqn
             return _HostCall(e.prim.impl, dict(e.params), [self._slot(a) for a in e.inputs],
-                             [self._slot(o) for o in e.outs])
+                             [self._slot(o) for o in e.outs], e.prim.fresh_output)
         compiled = compiler.load(cpu.module_source(step), {PARALLEL: {"parallel": True}, SERIAL: {}})
         size = int(np.prod(step.domain, dtype=np.int64))
         return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],

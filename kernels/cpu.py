@@ -15,7 +15,10 @@ the variant). Full reductions split into the same chunks in both variants (the s
 them in a plain loop), so the serial and parallel kernels give the same bits; float max/min
 reductions use LLVM's NaN-propagating `maximum`/`minimum`, and a row whose extremum is zero is
 rescanned with numpy's sequential rule so that the sign of the zero matches numpy's. Values a
-later pass would recompute are carried through per-row scratch (`jitgrad.kernels.carry`).
+later pass would recompute are carried through per-row scratch (`jitgrad.kernels.carry`). A sum
+over outer axes with the last axes kept (a bias gradient) is a column kernel: rows walked in order,
+contiguous columns vectorised, each column's terms in the row kernel's lanes and order, so the
+same bits without a strided walk per output element.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from jitgrad.kernels.common import (Writer, accumulator_dtype, argument_names, e
 PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
 CHUNKS = 64  # parallel chunks of a full reduction
 BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
+LANES = {np.dtype(np.float32): 64, np.dtype(np.float64): 32}  # block_sum's lanes (jitgrad.kernels.reductions)
+COLUMN_TILE = 256  # columns a column kernel sums at once (its lane sums: 64 KiB)
 
 HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\n"
 BLOCK_SUM = "jitgrad.kernels.reductions.block_sum"
@@ -256,11 +261,84 @@ def _emit_rows(w: _Writer, k: LoopKernel, parallel: bool) -> None:
     _emit_stores(w, k, depth, k.epilogue_stores)
 
 
+def is_column_kernel(k: LoopKernel) -> bool:
+    """One pass of float sums over outer axes, kept axes inner (a bias gradient: sum over batch and time of
+    a (B, T, D) array): rows of the reduced axes are walked in order, contiguous columns vectorised."""
+    if not k.kept_axes or not k.reduce_axes or max(k.reduce_axes) > min(k.kept_axes) or len(k.stages) != 1:
+        return False
+    (stage,) = k.stages
+    return bool(stage.reductions) and all(is_blocked(r) for r in stage.reductions) and not carry.plan(k)[1]
+
+
+def _emit_columns(w: _Writer, k: LoopKernel, parallel: bool) -> None:
+    """A column kernel: per tile of up to COLUMN_TILE columns of the last kept axis, every row of the
+    reduced axes in order, adding each column's terms into `LANES` lane sums per block of BLOCK rows
+    (lane j takes rows j, j + LANES, ...) that combine as `block_sum`'s balanced tree of halves: the same
+    terms in the same order as a row kernel, so the same bits, with contiguous loads."""
+    (stage,) = k.stages
+    kept, reduced = k.kept_axes, k.reduce_axes
+    first, last = kept[0], kept[-1]
+    if len(kept) == 1:
+        w.line(1, f"nc = max(1, min({CHUNKS}, n{first} // 64))" if parallel else "nc = 1")
+    else:
+        w.line(1, f"nc = max(1, min({CHUNKS}, n{first}))" if parallel else "nc = 1")
+    w.line(1, "for ch in prange(nc):")
+    for r in stage.reductions:
+        lanes = LANES[np.dtype(r.dtype)]
+        w.line(2, f"{r.acc}_l = np.empty(({lanes}, {COLUMN_TILE}), {numba_type(r.dtype)})")
+        w.line(2, f"{r.acc}_t = np.empty({COLUMN_TILE}, np.float64)")
+    lo, hi = f"ch * n{first} // nc", f"(ch + 1) * n{first} // nc"
+    depth = 2
+    if len(kept) > 1:
+        depth = w.loop(depth, first, f"{lo}, {hi}")
+        for a in kept[1:-1]:
+            depth = w.loop(depth, a, f"n{a}")
+        lo, hi = "0", f"n{last}"
+    w.line(depth, f"hi{last} = {hi}")
+    w.line(depth, f"for tl{last} in range({lo}, hi{last}, {COLUMN_TILE}):")
+    w.line(depth + 1, f"wd{last} = min(tl{last} + {COLUMN_TILE}, hi{last}) - tl{last}")
+    tile = depth + 1
+    for r in stage.reductions:
+        w.line(tile, f"{r.acc}_t[:wd{last}] = 0.0")
+    inner = tile
+    for a in reduced[:-1]:
+        inner = w.loop(inner, a, f"n{a}")
+    row = reduced[-1]
+    w.line(inner, f"for b{row} in range(0, n{row}, {BLOCK}):")
+    for r in stage.reductions:
+        w.line(inner + 1, f"{r.acc}_l[:, :wd{last}] = 0.0")
+    body = w.loop(inner + 1, row, f"b{row}, min(b{row} + {BLOCK}, n{row})")
+    lane_of = {r.acc: LANES[np.dtype(r.dtype)] - 1 for r in stage.reductions}
+    w.line(body, f"ln{row} = np.uint64(i{row} - b{row})")
+    body = w.loop(body, last, f"tl{last}, tl{last} + wd{last}")
+    _emit_body(w, k, body, stage.body)
+    for r in stage.reductions:
+        cell = f"{r.acc}_l[ln{row} & np.uint64({lane_of[r.acc]}), np.uint64(i{last} - tl{last})]"
+        w.line(body, f"{cell} = {cell} + {numba_type(r.dtype)}({r.src})")
+    _emit_stores(w, k, body, stage.stores)
+    for r in stage.reductions:
+        width = LANES[np.dtype(r.dtype)]
+        while width > 1:
+            width //= 2
+            w.line(inner + 1, f"for h in range({width}):")
+            w.line(inner + 2, f"for j in range(wd{last}):")
+            w.line(inner + 3, f"{r.acc}_l[h, j] = {r.acc}_l[h, j] + {r.acc}_l[h + {width}, j]")
+        w.line(inner + 1, f"for j in range(wd{last}):")
+        w.line(inner + 2, f"{r.acc}_t[j] += np.float64({r.acc}_l[0, j])")
+    per_column = w.loop(tile, last, f"tl{last}, tl{last} + wd{last}")
+    for r in stage.reductions:
+        w.line(per_column, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_t[i{last} - tl{last}])")
+    _emit_body(w, k, per_column, k.epilogue)
+    _emit_stores(w, k, per_column, k.epilogue_stores)
+
+
 def generate(k: LoopKernel, name: str, parallel: bool = True) -> str:
     """numba-ready source of a function `name` computing kernel `k` (outputs are preallocated args)."""
     w = _Writer()
     w.line(0, f"def {name}({', '.join(argument_names(k))}):")
-    if k.kept_axes:
+    if is_column_kernel(k):
+        _emit_columns(w, k, parallel)
+    elif k.kept_axes:
         _emit_rows(w, k, parallel)
     elif k.reduce_axes:
         for stage in k.stages:

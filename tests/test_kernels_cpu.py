@@ -168,3 +168,49 @@ def test_blocked_sums_and_carries_over_two_reduced_axes() -> None:
     total = jg.trace(lambda a: np.sum(a * a, axis=(0, 2)))(x)
     np.testing.assert_allclose(total, (x.astype(np.float64) ** 2).sum(axis=(0, 2)), rtol=1e-6)
     assert float(jg.trace(lambda a: np.sum(a))(x)) == pytest.approx(x.astype(np.float64).sum(), rel=1e-6, abs=1e-3)
+
+
+def _both_variants(kernel, arrays):
+    from jitgrad.kernels import compiler
+    compiled = compiler.load(cpu.module_source(kernel), {"parallel_kernel": {"parallel": True}, "serial_kernel": {}})
+    results = []
+    for variant in ("serial_kernel", "parallel_kernel"):
+        outs = [np.empty(o.aval.shape, o.aval.dtype) for o in kernel.outputs]
+        compiled.call(variant, cpu.kernel_arguments(kernel, arrays, outs, cpu.scalar_arguments(kernel)))
+        results.append(outs)
+    return results
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, axis", [((8, 70, 600), (0, 1)), ((513, 257), 0), ((4, 6, 5, 9), (0, 1))])
+def test_column_sums_are_column_kernels_with_the_row_kernels_bits(shape, axis, dtype, monkeypatch) -> None:
+    """A sum over outer axes with the last axis kept (a bias gradient) walks rows in order and vectorises
+    over columns, adding the same terms in the same order as the row kernel (BLOCK-row blocks in
+    block_sum's lanes and tree, blocks folded in float64): the same bits in both variants and as the
+    row kernel, which the test forces by switching column kernels off."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape)).astype(dtype)
+
+    def body(a):
+        return np.sum(np.sin(a) * a, axis=axis), a * 2.0
+
+    program = fusion.schedule(passes.optimize(jg.trace(body).plan(x).graph))
+    (kernel,) = program.kernels
+    assert cpu.is_column_kernel(kernel)
+    serial, parallel = _both_variants(kernel, [x])
+    assert all(np.array_equal(s, p) for s, p in zip(serial, parallel))
+    monkeypatch.setattr(cpu, "is_column_kernel", lambda k: False)
+    (rows_serial, _) = _both_variants(kernel, [x])
+    assert all(np.array_equal(s, r) for s, r in zip(serial, rows_serial))
+    exact = np.sum(np.sin(x.astype(np.float64)) * x, axis=axis)
+    tolerance = 1e-6 if dtype == np.float32 else 1e-13
+    scale = np.sum(np.abs(x.astype(np.float64) * np.sin(x)), axis=axis)
+    assert np.all(np.abs(serial[0].reshape(exact.shape) - exact) <= tolerance * scale + 1e-30)
+    np.testing.assert_array_equal(serial[1], x * 2.0)
+
+
+def test_row_sums_and_pooled_reductions_stay_row_kernels() -> None:
+    x = np.ones((4, 6, 8), np.float32)
+    for fn in (lambda a: np.sum(a, axis=2), lambda a: np.sum(a, axis=1), lambda a: np.max(a, axis=0)):
+        program = fusion.schedule(passes.optimize(jg.trace(fn).plan(x).graph))
+        assert not any(cpu.is_column_kernel(k) for k in program.kernels)

@@ -225,7 +225,23 @@ mul_p = E("mul", np.multiply, lambda g, x, y, out: (L.mul(g, y), L.mul(g, x)), l
           simplify=_unit_rewrite(1.0, left=True))
 div_p = E("div", np.true_divide, lambda g, x, y, out: (L.div(g, y), L.neg(L.div(L.mul(g, out), y))),
           lowerings("({0} / {1})"), simplify=_unit_rewrite(1.0, left=False))
-pow_p = E("pow", np.power, _pow_vjp, lowerings("({0} ** {1})"), costly=True)
+
+
+def _pow_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eqn | None:
+    """x ** 2 is x * x and x ** 1 is x, bit for bit as numpy computes them (its own `power` binding
+    rewrites them; this catches the powers autodiff makes, such as the x ** 2 in the gradient of x ** 3)."""
+    x, y = e.inputs
+    c = scalar_of(y)
+    if c is None or x.aval.shape != e.out.aval.shape or x.aval.dtype != e.out.aval.dtype:
+        return None
+    if c == 2:
+        return Eqn(mul_p, (x, x), {}, e.outs, e.source, e.label)
+    if c == 1:
+        return x
+    return None
+
+
+pow_p = E("pow", np.power, _pow_vjp, lowerings("({0} ** {1})"), costly=True, simplify=_pow_simplify)
 # Ties return the second operand, as numpy's do (maximum(-0.0, 0.0) is 0.0); NaN in either operand propagates.
 maximum_p = E("maximum", np.maximum, _extremum_vjp("max"), lowerings("({0} if ({0} > {1} or {0} != {0}) else {1})"))
 minimum_p = E("minimum", np.minimum, _extremum_vjp("min"), lowerings("({0} if ({0} < {1} or {0} != {0}) else {1})"))
@@ -369,10 +385,20 @@ def _where_rule(avals: Any, **_: Any) -> Aval:
     return Aval(avals[1].shape, avals[1].dtype, avals[1].weak and avals[2].weak)
 
 
+def _where_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | None:
+    """A condition that is one constant everywhere (a gradient rule's `y == 0` for a constant exponent)
+    selects one operand for every element: that operand."""
+    c = scalar_of(e.inputs[0])
+    if c is None:
+        return None
+    chosen = e.inputs[1] if c else e.inputs[2]
+    return chosen if chosen.aval.shape == e.out.aval.shape and chosen.aval.dtype == e.out.aval.dtype else None
+
+
 where_p = declare(Primitive(
     "where", Kind.ELEMENTWISE, _where_rule, np.where,
     lambda cts, ins, outs: [None, L.select(ins[0], cts[0], 0), L.select(ins[0], 0, cts[0])],
-    lowerings("({1} if {0} else {2})")))
+    lowerings("({1} if {0} else {2})"), simplify=_where_simplify))
 
 
 @implements(np.where, signature="(condition, x=NO_VALUE, y=NO_VALUE, /)")
@@ -380,7 +406,8 @@ def where(condition: ArrayLike, x: ArrayLike = np._NoValue, y: ArrayLike = np._N
     """numpy.where with three arguments: `x` where `condition` holds, else `y`."""
     if x is np._NoValue or y is np._NoValue:
         raise UnsupportedError(f"numpy.where with one argument (the indices of nonzero elements) has a "
-                               f"data-dependent shape and cannot be traced; use np.where(cond, a, b){where_text()}")
+                               f"data-dependent shape and cannot be traced; use np.where(cond, a, b) to select "
+                               f"values, or jg.nonzero(cond, size=N) for the first N indices (padded){where_text()}")
     shape = broadcast_shapes("where", condition, x, y)
     dtype, weak = result_type(np.add, x, y)
     if aval_of(x).dtype == aval_of(y).dtype == np.bool_:
