@@ -16,7 +16,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .api import Context, Traced, clear_caches, trace  # noqa: E402
 from .transforms import grad, value_and_grad, vjp  # noqa: E402
-from .errors import (ConcretizationError, FunctionError, GradcheckError, InputError, JitgradError,  # noqa: E402
+from .errors import (ArgumentError, ConcretizationError, FunctionError, GradcheckError, InputError, JitgradError,  # noqa: E402
                      PrecisionWarning, ShapeError, TraceError, UnsupportedError)
 from . import numpy_api as _numpy_api  # noqa: E402,F401  (registers every op and numpy's protocols on traced arrays)
 from .dispatch import EXPORTS as _EXPORTS  # noqa: E402
@@ -28,11 +28,11 @@ from .gradcheck import gradcheck, gradgradcheck, jacobian  # noqa: E402
 
 globals().update(_EXPORTS)  # jg.<op> for every op the modules of jitgrad.ops declare (jg.sum, jg.gelu, ...)
 __version__ = "0.1.0"
-__all__ = ["Context", "Traced", "clear_caches", "grad", "trace", "value_and_grad", "vjp", "ConcretizationError",
-           "FunctionError", "GradcheckError", "InputError", "JitgradError", "PrecisionWarning", "ShapeError",
-           "TraceError", "UnsupportedError", "no_grad", "Function", "FunctionCtx", "gradcheck", "gradgradcheck",
-           "jacobian", "register_dataclass", "register_pytree_node", "tree_flatten", "tree_leaves", "tree_map",
-           "tree_structure", "tree_unflatten"]
+__all__ = ["ArgumentError", "Context", "Traced", "clear_caches", "grad", "trace", "value_and_grad", "vjp",
+           "ConcretizationError", "FunctionError", "GradcheckError", "InputError", "JitgradError", "PrecisionWarning",
+           "ShapeError", "TraceError", "UnsupportedError", "no_grad", "Function", "FunctionCtx", "gradcheck",
+           "gradgradcheck", "jacobian", "register_dataclass", "register_pytree_node", "tree_flatten", "tree_leaves",
+           "tree_map", "tree_structure", "tree_unflatten"]
 __all__.extend(sorted(_EXPORTS))
 
 

@@ -128,7 +128,7 @@ class Binding:
                                f"{where_text()}")
 
 
-def _numpy_name(fn: Any, method: str = "__call__") -> str:
+def numpy_name(fn: Any, method: str = "__call__") -> str:
     if isinstance(fn, np.ufunc):
         return f"numpy.{fn.__name__}" + ("" if method == "__call__" else f".{method}")
     module = getattr(fn, "__module__", "numpy") or "numpy"
@@ -145,7 +145,7 @@ def implements(numpy_fn: Any, *, signature: str | None = None, ufunc_method: str
     function itself: other ops call it directly."""
     def register(impl: Callable[..., Any]) -> Callable[..., Any]:
         sig = _signature_of(signature) if signature else inspect.signature(numpy_fn)
-        binding = Binding(_numpy_name(numpy_fn, ufunc_method), sig, impl)
+        binding = Binding(numpy_name(numpy_fn, ufunc_method), sig, impl)
         if isinstance(numpy_fn, np.ufunc):
             UFUNCS[(numpy_fn, ufunc_method)] = binding
         else:

@@ -42,3 +42,7 @@ class PrecisionWarning(UserWarning):
     """A traced op widened float32 arrays to float64 because a numpy float64 scalar took part (numpy's rule,
     so the result is right, but slower and twice the memory: usually a `np.float64` learning rate or
     constant where a Python float or `np.float32` was meant)."""
+
+
+class ArgumentError(JitgradError, ValueError):
+    """An argument value numpy refuses (an unknown mode, an invalid norm order, conflicting keywords)."""

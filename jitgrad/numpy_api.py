@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import ops  # noqa: F401  (importing it registers every op answered here)
-from .dispatch import FUNCTIONS, METHODS, UFUNCS
+from .dispatch import FUNCTIONS, METHODS, UFUNCS, numpy_name
 from .errors import UnsupportedAttributeError, UnsupportedError
 from .ops.indexing import getitem, tracer_iter, tracer_setitem
 from .tracing import Tracer, where_text
@@ -43,7 +43,8 @@ def handle_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> A
 def handle_function(func: Any, args: tuple, kwargs: dict) -> Any:
     binding = FUNCTIONS.get(func)
     if binding is None:
-        raise UnsupportedError(f"numpy.{getattr(func, '__name__', func)} is not supported by jitgrad's tracer "
+        name = numpy_name(func) if hasattr(func, "__name__") else f"numpy.{func}"
+        raise UnsupportedError(f"{name} is not supported by jitgrad's tracer "
                                f"(called on traced {_traced_shapes(args)}); see docs/ops.md for what is, or compute "
                                f"it outside the traced function{where_text()}")
     return binding(*args, **kwargs)
@@ -81,7 +82,7 @@ def _install() -> None:
     Tracer.__getattr__ = tracer_method
     binary = {
         "add": np.add, "sub": np.subtract, "mul": np.multiply, "truediv": np.true_divide,
-        "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "matmul": np.matmul,
+        "floordiv": np.floor_divide, "mod": np.remainder, "divmod": np.divmod, "pow": np.power, "matmul": np.matmul,
         "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
     }
     for name, uf in binary.items():

@@ -35,7 +35,28 @@ BASE: dict[Any, Callable[[Any], tuple[tuple, dict]]] = {
     np.inner: lambda x: ((x, X), {}), np.full_like: lambda x: ((x, 2.0), {}),
     np.where: lambda x: ((BOOLS, x, 0.0), {}), np.pad: lambda x: ((x, 1), {}),
     np.clip: lambda x: ((x, 1.0, 2.0), {}), np.linalg.norm: lambda x: ((x,), {}),
+    np.roll: lambda x: ((x, 1), {}), np.rollaxis: lambda x: ((x, 1), {}), np.hsplit: lambda x: ((x, 2), {}),
+    np.vsplit: lambda x: ((x, 3), {}), np.dsplit: lambda x: ((x[:, :, None], 1), {}),
+    np.append: lambda x: ((x, x), {}),
+    np.kron: lambda x: ((x, X), {}), np.cross: lambda x: ((x[:, :3], X[:, 1:]), {}),
+    np.select: lambda x: (([x > 1.5], [x]), {}), np.linspace: lambda x: ((x, x + 1), {}),
+    np.logspace: lambda x: ((x, x + 1), {}), np.lib.stride_tricks.sliding_window_view: lambda x: ((x, (2, 2)), {}),
+    np.put_along_axis: lambda x: ((x, np.zeros((3, 1), int), 0.0, 1), {}),
+    np.compress: lambda x: ((np.array([True, False, True]), x), {}), np.extract: lambda x: ((BOOLS, x), {}),
+    np.partition: lambda x: ((x, 1), {}), np.argpartition: lambda x: ((x, 1), {}),
+    np.quantile: lambda x: ((x, 0.3), {}), np.percentile: lambda x: ((x, 30.0), {}),
+    np.linalg.inv: lambda x: ((_spd(x),), {}), np.linalg.det: lambda x: ((_spd(x),), {}),
+    np.linalg.slogdet: lambda x: ((_spd(x),), {}), np.linalg.cholesky: lambda x: ((_spd(x),), {}),
+    np.linalg.eigh: lambda x: ((_spd(x),), {}), np.linalg.eigvalsh: lambda x: ((_spd(x),), {}),
+    np.linalg.solve: lambda x: ((_spd(x), X[:, 0]), {}), np.linalg.lstsq: lambda x: ((x, X), {}),
+    np.linalg.matrix_power: lambda x: ((_spd(x), 2), {}), np.linalg.multi_dot: lambda x: (([x, X.T],), {}),
+    np.linalg.tensorsolve: lambda x: ((_spd(x), X[:, 0]), {}),
 }
+
+
+def _spd(x: Any) -> Any:
+    """A symmetric positive-definite 3x3 matrix from X's first three columns."""
+    return x[:, :3] @ x[:, :3].T + np.eye(3)
 
 
 def _base(fn: Any) -> Callable[[Any], tuple[tuple, dict]]:
@@ -50,7 +71,14 @@ def _sample(name: str, default: Any, binding: Binding) -> Any:
         "ddof": [1], "correction": [1], "mean": [np.ones((1, 1))], "mode": ["clip", "edge"], "copy": [True, False],
         "decimals": [1], "ord": [1], "optimize": [True], "device": ["cpu"], "shape": [(2, 2)], "axes": [1],
         "out": ["OUT"], "a_min": [1.5], "a_max": [2.5], "min": [1.5], "max": [2.5], "kwargs": [{"casting": "no"}],
-        "axis1": [1], "axis2": [0], "equal_nan": [True],
+        "axis1": [1], "axis2": [0], "equal_nan": [True], "k": [2], "offset": [1], "start": [1], "axisa": [0],
+        "axisb": [0], "axisc": [0], "num": [3], "endpoint": [False], "retstep": [True], "base": [2.0],
+        "default": [1.0], "writeable": [True], "n": [2], "prepend": [0.5], "append": [np.ones((3, 1))],
+        "to_end": [[1.0, 2.0]], "to_begin": [2.5], "edge_order": [2], "kind": ["stable"], "stable": [True],
+        "kth": [[0, 2]], "overwrite_input": [True], "method": ["midpoint"], "weights": [np.ones((3, 4))],
+        "nan": [1.0], "posinf": [1.0], "neginf": [-1.0], "upper": [True], "UPLO": ["U"], "full_matrices": [False],
+        "compute_uv": [False], "hermitian": [True], "rcond": [0.1], "rtol": [0.1, None], "tol": [0.1], "p": [1],
+        "ind": [1],
     }
     if name not in samples:
         raise AssertionError(f"{binding.name}: no sample for argument {name!r}; add one to _sample")
@@ -129,10 +157,14 @@ def test_every_argument_of_every_ufunc(key) -> None:
     binding = UFUNCS[key]
     bitwise = ufunc in (np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.invert)
     operands = (lambda x: x > 1.5) if bitwise else (lambda x: x)
-    if method == "reduce":
+    if method == "at":  # in place: refused whatever its arguments
+        def call(x: Any, extra: dict) -> Any:
+            return getattr(ufunc, method)(x, INDICES, 1.0, **extra)
+        args: tuple = (X, INDICES, 1.0)
+    elif method in ("reduce", "accumulate"):
         def call(x: Any, extra: dict) -> Any:
             return getattr(ufunc, method)(operands(x), **extra)
-        args: tuple = (X,)
+        args = (X,)
     else:
         def call(x: Any, extra: dict) -> Any:
             return ufunc(*[operands(x)] * ufunc.nin, **extra)
@@ -143,7 +175,8 @@ def test_every_argument_of_every_ufunc(key) -> None:
 @pytest.mark.parametrize("name", sorted(METHOD_BINDINGS))
 def test_every_argument_of_every_ndarray_method(name) -> None:
     binding = METHOD_BINDINGS[name]
-    first_args = {"reshape": ((4, 3),), "astype": (np.float32,)}.get(name, ())
+    first_args = {"reshape": ((4, 3),), "astype": (np.float32,), "compress": (np.array([True, False, True]),)
+                  }.get(name, ())
 
     def call(x: Any, extra: dict) -> Any:
         return getattr(x, name)(*first_args, **extra)

@@ -11,12 +11,11 @@ from ..dispatch import implements
 from ..errors import ShapeError, UnsupportedError
 from ..ir import Aval
 from ..primitive import Kind, Primitive, declare
-from ..tracing import bind, where_text
+from ..tracing import Tracer, bind, where_text
 from .core import ArrayLike, aval_of, broadcast_to, check_computable, convert, normalize_axes, result_type
 from .elementwise import multiply
-from .shapes import reshape, transpose
+from .shapes import diagonal, reshape, transpose
 from .reductions import sum
-from .indexing import gather
 
 
 def _matmul_rule(avals: Sequence[Aval], **_: Any) -> Aval:
@@ -31,7 +30,8 @@ def _matmul_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> 
     return [L.matmul(g, L.swap_last(b)), L.matmul(L.swap_last(a), g)]
 
 
-matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward"))
+matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward",
+                             fresh_output=True))  # BLAS between kernels
 
 
 @implements(np.matmul)
@@ -124,70 +124,135 @@ def _tensordot(x: ArrayLike, y: ArrayLike, axes: Any, op: str) -> ArrayLike:
 
 @implements(np.einsum)
 def einsum(*operands: Any, optimize: Any = False) -> ArrayLike:
-    """numpy.einsum without '...': contracts operands left to right, each pair by transposes, reshapes and one
-    (batched) matmul, or a broadcast multiply when nothing is summed; repeated letters take diagonals.
-    `optimize` is accepted: jitgrad chooses its own contraction order."""
+    """numpy.einsum: subscripts with '...' (broadcast dimensions) or numpy's interleaved form (operand, sublist,
+    ..., [output sublist]); a letter repeated in one operand takes its diagonal; size-1 dimensions broadcast;
+    the implicit output as numpy's. Operands are contracted left to right, each pair by transposes, reshapes and
+    one (batched) matmul, or a broadcast multiply when nothing is summed. `optimize` is accepted: jitgrad
+    chooses its own contraction order."""
     if not operands:
         raise ShapeError(f"einsum: no subscripts given{where_text()}")
-    return _einsum(operands[0], *operands[1:])
+    if isinstance(operands[0], str):
+        return _einsum(operands[0], *operands[1:])
+    return _einsum(*_interleaved(operands))
 
 
-def _einsum(subscripts: str, *operands: ArrayLike) -> ArrayLike:
-    if not isinstance(subscripts, str):
-        raise UnsupportedError(f"einsum: only the subscripts-string form is supported{where_text()}")
-    spec = subscripts.replace(" ", "")
-    if "." in spec:
-        raise UnsupportedError(f"einsum: '...' in {subscripts!r} is not supported{where_text()}")
-    lhs, arrow, out = spec.partition("->")
-    terms = lhs.split(",")
+def _interleaved(operands: Sequence[Any]) -> list[Any]:
+    """(op0, sublist0, op1, sublist1, ..., [output sublist]) as [subscripts, op0, op1, ...]."""
+    arrays, sublists = list(operands[0::2]), list(operands[1::2])
+    out = arrays.pop() if len(operands) % 2 else None
+    spec = ",".join(_sublist_text(s) for s in sublists) + ("" if out is None else "->" + _sublist_text(out))
+    return [spec] + arrays
+
+
+def _sublist_text(sublist: Any) -> str:
+    """A sublist of ints in [0, 52) and Ellipsis as subscripts: 0-25 are 'A'-'Z', 26-51 'a'-'z' (numpy's)."""
+    if not isinstance(sublist, (list, tuple)):
+        raise ShapeError(f"einsum: in the interleaved form, each operand is followed by a list of ints, got "
+                         f"{sublist!r}{where_text()}")
+    text = ""
+    for s in sublist:
+        if s is Ellipsis:
+            text += "..."
+        elif isinstance(s, (int, np.integer)) and 0 <= s < 52:
+            text += _LETTERS[26 + s] if s < 26 else _LETTERS[s - 26]
+        else:
+            raise ShapeError(f"einsum: subscript {s!r} in {sublist!r} is not within the valid range [0, 52)"
+                             f"{where_text()}")
+    return text
+
+
+def _einsum(subscripts: Any, *operands: ArrayLike) -> ArrayLike:
+    operands = tuple(x if isinstance(x, Tracer) else np.asarray(x) for x in operands)
     shapes = [aval_of(x).shape for x in operands]
-    if len(terms) != len(operands) or not builtins.all(c.isalpha() for c in lhs.replace(",", "") + out):
-        raise ShapeError(f"einsum: subscripts {subscripts!r} do not fit {len(operands)} operand(s) of shapes "
-                         f"{shapes}{where_text()}")
-    if not arrow:
-        out = "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
-    if len(set(out)) != len(out) or any(c not in lhs for c in out):
-        raise ShapeError(f"einsum: output subscripts {out!r} must be distinct letters of the inputs "
-                         f"({subscripts!r}){where_text()}")
-    sizes: dict[str, int] = {}
-    for term, sh in zip(terms, shapes):
-        if len(term) != len(sh):
-            raise ShapeError(f"einsum: subscripts {term!r} have {len(term)} letters for an operand of shape {sh} "
-                             f"({subscripts!r}){where_text()}")
-        for c, d in zip(term, sh):
-            if sizes.get(c, 1) not in (1, d) and d != 1:
-                raise ShapeError(f"einsum: letter {c!r} has sizes {sizes[c]} and {d} in operands of shapes "
-                                 f"{shapes} ({subscripts!r}){where_text()}")
-            sizes[c] = builtins.max(sizes.get(c, 1), d)
+    terms, out = _parse_subscripts(subscripts, shapes)
+    sizes = _label_sizes(subscripts, terms, shapes)
     dtype = np.result_type(*[aval_of(x).dtype for x in operands])
     check_computable("einsum", dtype, operands)
-    pairs = []
-    for term, x in zip(terms, operands):
-        x = broadcast_to(convert(x, dtype), [sizes[c] for c in term])
-        pairs.append(_unique_letters(x, term))
+    work = np.dtype(np.int64) if dtype == np.bool_ else dtype  # a sum of bool products is their logical or
+    pairs = [_unique_letters(convert(x, work), term) for term, x in zip(terms, operands)]
+    pairs = [(broadcast_to(x, [sizes[c] for c in term]), term) for x, term in pairs]
     acc, acc_term = pairs[0]
     for k, (x, term) in enumerate(pairs[1:], start=1):
         needed = set(out).union(*[t for _, t in pairs[k + 1:]])
         acc, acc_term = _contract(acc, acc_term, x, term, needed)
     acc, acc_term = _sum_letters(acc, acc_term, set(acc_term) - set(out))
-    return transpose(acc, [acc_term.index(c) for c in out])
+    return convert(transpose(acc, [acc_term.index(c) for c in out]), dtype)
+
+
+def _parse_subscripts(subscripts: Any, shapes: list[tuple[int, ...]]) -> tuple[list[str], str]:
+    """One label per dimension of each operand and of the output: the letters, with '...' as broadcast labels
+    (right-aligned, as numpy broadcasts); without '->', numpy's implicit output ('...', then the letters
+    used once, in alphabetical order)."""
+    if not isinstance(subscripts, str):
+        raise ShapeError(f"einsum: subscripts must be a string or interleaved sublists, got {subscripts!r}"
+                         f"{where_text()}")
+    lhs, arrow, out = subscripts.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes) or not builtins.all(_well_formed(t) for t in terms + [out]):
+        raise ShapeError(f"einsum: subscripts {subscripts!r} do not fit {len(shapes)} operand(s) of shapes "
+                         f"{shapes}{where_text()}")
+    dims = []
+    for term, sh in zip(terms, shapes):
+        letters = len(term.replace("...", ""))
+        if len(sh) < letters or len(sh) != letters and "..." not in term:
+            raise ShapeError(f"einsum: subscripts {term!r} have {letters} letters for an operand of shape {sh} "
+                             f"({subscripts!r}){where_text()}")
+        dims.append(len(sh) - letters)
+    broadcast = "".join(chr(0x100 + k) for k in range(builtins.max(dims, default=0)))
+    terms = [t.replace("...", broadcast[len(broadcast) - d:]) for t, d in zip(terms, dims)]
+    if not arrow:
+        used = "".join(terms)
+        return terms, broadcast + "".join(sorted(c for c in set(used) if c.isascii() and used.count(c) == 1))
+    if broadcast and "..." not in out:
+        raise ShapeError(f"einsum: the operands have '...' dimensions {shapes} but the output {out!r} has no '...' "
+                         f"to put them in ({subscripts!r}){where_text()}")
+    out = out.replace("...", broadcast)
+    if len(set(out)) != len(out) or any(c not in "".join(terms) for c in out):
+        raise ShapeError(f"einsum: output subscripts {out!r} must be distinct letters of the inputs "
+                         f"({subscripts!r}){where_text()}")
+    return terms, out
+
+
+def _well_formed(term: str) -> bool:
+    """Letters with at most one '...'."""
+    rest = term.replace("...", "", 1)
+    return builtins.all(c in _LETTERS for c in rest)
+
+
+def _label_sizes(subscripts: str, terms: list[str], shapes: list[tuple[int, ...]]) -> dict[str, int]:
+    """Each label's length: a label repeated in one operand must have one length there; across operands,
+    length 1 broadcasts."""
+    sizes: dict[str, int] = {}
+    for term, sh in zip(terms, shapes):
+        own: dict[str, int] = {}
+        for c, d in zip(term, sh):
+            name = repr(c) if c in _LETTERS else "a '...' dimension"
+            if own.setdefault(c, d) != d:
+                raise ShapeError(f"einsum: index {name} is repeated in an operand of shape {sh} with lengths "
+                                 f"{own[c]} and {d}; a diagonal needs equal lengths ({subscripts!r}){where_text()}")
+            if sizes.get(c, 1) not in (1, d) and d != 1:
+                raise ShapeError(f"einsum: index {name} has lengths {sizes[c]} and {d} in operands of shapes "
+                                 f"{shapes}, which do not broadcast ({subscripts!r}){where_text()}")
+            sizes[c] = d if d != 1 else sizes.get(c, 1)
+    return sizes
 
 
 def _unique_letters(x: ArrayLike, term: str) -> tuple[ArrayLike, str]:
-    """Take the diagonal over each letter repeated in `term` ('ii' -> 'i')."""
+    """Take the diagonal over each letter repeated in `term` ('ii' -> 'i'), appended last (a strided slice)."""
     while len(set(term)) != len(term):
         c = next(c for c in term if term.count(c) > 1)
-        where_c = [k for k, t in enumerate(term) if t == c]
-        rest = [k for k, t in enumerate(term) if t != c]
-        n = aval_of(x).shape[where_c[0]]
-        x = gather(transpose(x, where_c + rest), [np.arange(n)] * len(where_c))
-        term = c + "".join(term[k] for k in rest)
+        i = term.index(c)
+        j = term.index(c, i + 1)
+        x = diagonal(x, 0, i, j)
+        term = term[:i] + term[i + 1:j] + term[j + 1:] + c
     return x, term
 
 
 def _sum_letters(x: ArrayLike, term: str, letters: set[str]) -> tuple[ArrayLike, str]:
     axes = tuple(k for k, c in enumerate(term) if c in letters)
-    return (sum(x, axis=axes), "".join(c for c in term if c not in letters)) if axes else (x, term)
+    if not axes:
+        return x, term
+    return sum(x, axis=axes, dtype=aval_of(x).dtype), "".join(c for c in term if c not in letters)
 
 
 def _contract(x: ArrayLike, tx: str, y: ArrayLike, ty: str, needed: set[str]) -> tuple[ArrayLike, str]:

@@ -1,6 +1,6 @@
 """Reduction primitives (sum, max, min, prod) declared with how they accumulate, their numpy bindings
 (np.sum and friends, ufunc.reduce, with `initial=` and `where=`), argmax/argmin, and the composites
-built on them (mean, var, std, logsumexp, softmax, norm)."""
+built on them (mean, var, std, logsumexp, softmax)."""
 from __future__ import annotations
 
 import math
@@ -10,12 +10,12 @@ import numpy as np
 
 from .. import lax as L
 from ..dispatch import export, implements
-from ..errors import ShapeError, UnsupportedError
+from ..errors import ArgumentError, ShapeError, UnsupportedError
 from ..ir import Aval
 from ..primitive import Kind, Lowering, Primitive, Reduction, declare
 from ..tracing import bind, where_text
 from .core import ArrayLike, _unchanged, aval_of, broadcast_to, convert, normalize_axes
-from .elementwise import (absolute, add, divide, equal, exp, isfinite, log, maximum, minimum, multiply, sqrt,
+from .elementwise import (add, divide, equal, exp, isfinite, log, maximum, minimum, multiply, sqrt,
                           stop_gradient, subtract, where)
 from .shapes import ravel, reshape
 
@@ -185,7 +185,7 @@ def _extremum(prim: Primitive, op: str, a: ArrayLike, axis: Any, keepdims: Any, 
     av = aval_of(a)
     axes = normalize_axes(op, av.shape, axis)
     if where_mask is not True and initial is NO_VALUE:
-        raise ValueError(f"reduction operation {combine.__name__!r} does not have an identity, so to use a where "
+        raise ArgumentError(f"reduction operation {combine.__name__!r} does not have an identity, so to use a where "
                          f"mask one has to specify 'initial'{where_text()}")
     if initial is NO_VALUE and any(av.shape[i] == 0 for i in axes):
         raise ShapeError(f"{op}: zero-size reduction over axes {axes} of shape {av.shape} has no identity; pass "
@@ -281,7 +281,7 @@ def _ddof(ddof: Any, correction: Any) -> Any:
     if correction is NO_VALUE:
         return ddof
     if ddof != 0:
-        raise ValueError(f"ddof and correction can't be provided simultaneously{where_text()}")
+        raise ArgumentError(f"ddof and correction can't be provided simultaneously{where_text()}")
     return correction
 
 
@@ -336,25 +336,3 @@ def _sqrt_zero_grad(s: ArrayLike) -> ArrayLike:
     """sqrt(s) for s >= 0 whose gradient at s == 0 is 0 (not inf), so norms of zero vectors have gradient 0."""
     zero = equal(s, 0)
     return where(zero, 0.0, sqrt(where(zero, 1.0, s)))
-
-
-@implements(np.linalg.norm)
-def norm(x: ArrayLike, ord: Any = None, axis: Any = None, keepdims: bool = False) -> ArrayLike:
-    """numpy.linalg.norm for vector norms (ord None/2, 1, inf, -inf) and the Frobenius norm of matrices.
-
-    The gradient at a zero vector or matrix is 0 (the subgradient torch.linalg.norm picks)."""
-    a = aval_of(x)
-    if not a.is_float:
-        x = convert(x, np.float64)
-    if axis is None and ord is None:
-        return _sqrt_zero_grad(sum(multiply(x, x), keepdims=keepdims))
-    axes = tuple(range(a.ndim)) if axis is None else normalize_axes("norm", a.shape, axis)
-    if len(axes) == 1 and ord in (None, 2) or len(axes) == 2 and ord in (None, "fro"):
-        return _sqrt_zero_grad(sum(multiply(x, x), axis=axes, keepdims=keepdims))
-    if len(axes) == 1 and ord == 1:
-        return sum(absolute(x), axis=axes, keepdims=keepdims)
-    if len(axes) == 1 and ord in (np.inf, -np.inf):
-        return (max if ord > 0 else min)(absolute(x), axis=axes, keepdims=keepdims)
-    raise UnsupportedError(f"norm: ord={ord!r} over {len(axes)} axis/axes of an array of shape {a.shape} is not "
-                           f"supported (vector norms: None, 1, 2, inf, -inf; matrix norms: None, 'fro')"
-                           f"{where_text()}")

@@ -1,5 +1,6 @@
 """Shape ops: the host primitives slice, pad and concatenate, and the numpy bindings that move, join and
-split axes (reshape in C and Fortran order, transpose, concatenate with dtype and casting, split, tile...)."""
+split axes (reshape in C and Fortran order, transpose, diagonal, concatenate with dtype and casting, split,
+tile...). numpy's np.pad and the array-building functions are in `building`."""
 from __future__ import annotations
 
 import builtins
@@ -88,6 +89,17 @@ def pad_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape:
                ) -> ArrayLike:
     """An array of `shape` filled with `value`, holding `x` at the region `slice_region` would read."""
     return L.pad_region(x, starts, steps, shape, value)
+
+
+def static_int(op: str, name: str, value: Any) -> int:
+    """An int argument that shapes the trace (an offset, a count, a shift): a traced value is refused."""
+    value = constant_of(value)
+    if isinstance(value, Tracer):
+        raise UnsupportedError(f"{op}: {name} must be a Python int known while tracing, not a traced value (it "
+                               f"decides the output's shape){where_text()}")
+    if not isinstance(value, (int, np.integer)):
+        raise TraceError(f"{op}: {name} must be an int, got {value!r}{where_text()}")
+    return int(value)
 
 
 # ---------------------------------------------------------------------- reshape and friends
@@ -258,6 +270,26 @@ def flipud(m: ArrayLike) -> ArrayLike:
     return flip(m, 0)
 
 
+@implements(np.diagonal, method="diagonal")
+def diagonal(a: ArrayLike, offset: int = 0, axis1: int = 0, axis2: int = 1) -> ArrayLike:
+    """numpy.diagonal: axis1 and axis2 removed, their diagonal appended last; a strided slice of the two axes
+    flattened, so its gradient is a pad (no scatter)."""
+    shape = aval_of(a).shape
+    if len(shape) < 2:
+        raise ShapeError(f"diagonal: an array of shape {shape} has fewer than 2 dimensions{where_text()}")
+    i, j = (normalize_axes("diagonal", shape, ax)[0] for ax in (axis1, axis2))
+    if i == j:
+        raise ShapeError(f"diagonal: axis1 and axis2 cannot be the same (axes {axis1}, {axis2} of shape {shape})"
+                         f"{where_text()}")
+    k = static_int("diagonal", "offset", offset)
+    rest = [shape[d] for d in range(len(shape)) if d not in (i, j)]
+    n1, n2 = shape[i], shape[j]
+    length = builtins.max(0, builtins.min(n1, n2 - k) if k >= 0 else builtins.min(n1 + k, n2))
+    flat = reshape(transpose(a, [d for d in range(len(shape)) if d not in (i, j)] + [i, j]), rest + [n1 * n2])
+    start = (k if k >= 0 else -k * n2) if length else 0
+    return slice_region(flat, [0] * len(rest) + [start], [1] * len(rest) + [n2 + 1], rest + [length])
+
+
 # ---------------------------------------------------------------------- joining and splitting
 
 def _joined_dtype(op: str, arrays: Sequence[ArrayLike], dtype: Any, casting: str) -> np.dtype:
@@ -364,31 +396,3 @@ def tile(A: ArrayLike, reps: Any) -> ArrayLike:
     interleaved = reshape(A, [v for d in shape for v in (1, d)])
     spread = broadcast_to(interleaved, [v for r, d in zip(reps, shape) for v in (r, d)])
     return reshape(spread, [r * d for r, d in zip(reps, shape)])
-
-
-@implements(np.pad)
-def pad(array: ArrayLike, pad_width: Any, mode: str = "constant", **kwargs: Any) -> ArrayLike:
-    """numpy.pad with mode='constant' and one scalar constant (not traced)."""
-    if mode != "constant":
-        raise UnsupportedError(f"numpy.pad: mode={mode!r} is not supported (only 'constant'){where_text()}")
-    unknown = set(kwargs) - {"constant_values"}
-    if unknown:
-        raise UnsupportedError(f"numpy.pad: argument(s) {sorted(unknown)} are not supported with mode='constant'"
-                               f"{where_text()}")
-    a = aval_of(array)
-    constant_values, pad_width = constant_of(kwargs.get("constant_values", 0)), constant_of(pad_width)
-    if isinstance(constant_values, Tracer) or np.ndim(constant_values) != 0:
-        raise UnsupportedError(f"pad: constant_values must be one constant number, got {constant_values!r}"
-                               f"{where_text()}")
-    if isinstance(pad_width, Tracer):
-        raise UnsupportedError(f"pad: pad_width must be Python ints, not traced values{where_text()}")
-    try:
-        widths = np.broadcast_to(np.asarray(pad_width), (a.ndim, 2))
-    except ValueError:
-        raise ShapeError(f"pad: pad_width {pad_width!r} does not fit an array of shape {a.shape}{where_text()}") \
-            from None
-    if widths.dtype.kind not in "iu" or (widths < 0).any():
-        raise ShapeError(f"pad: pad_width {pad_width!r} must be non-negative ints{where_text()}")
-    shape = tuple(int(d + lo + hi) for d, (lo, hi) in zip(a.shape, widths))
-    fill = np.asarray(constant_values).astype(a.dtype).item()
-    return pad_region(array, [int(lo) for lo, _ in widths], [1] * a.ndim, shape, fill)
