@@ -25,6 +25,7 @@ from .trees import (register_dataclass, register_pytree_node, tree_flatten, tree
                     tree_structure, tree_unflatten)
 from .function import Function, FunctionCtx  # noqa: E402
 from .gradcheck import gradcheck, gradgradcheck, jacobian  # noqa: E402
+from . import optim  # noqa: E402  (jg.optim.SGD, Adam, AdamW)
 
 globals().update(_EXPORTS)  # jg.<op> for every op the modules of jitgrad.ops declare (jg.sum, jg.gelu, ...)
 __version__ = "0.1.0"
@@ -32,7 +33,7 @@ __all__ = ["ArgumentError", "Context", "Traced", "clear_caches", "grad", "trace"
            "ConcretizationError", "FunctionError", "GradcheckError", "InputError", "JitgradError", "PrecisionWarning",
            "ShapeError", "TraceError", "UnsupportedError", "no_grad", "Function", "FunctionCtx", "gradcheck",
            "gradgradcheck", "jacobian", "register_dataclass", "register_pytree_node", "tree_flatten", "tree_leaves",
-           "tree_map", "tree_structure", "tree_unflatten"]
+           "tree_map", "tree_structure", "tree_unflatten", "optim"]
 __all__.extend(sorted(_EXPORTS))
 
 

@@ -5,18 +5,12 @@ torch.compile is left to the runner (its first compile alone takes 10+ s).
 """
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 
-_path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "workloads.py"
-_spec = importlib.util.spec_from_file_location("jitgrad_bench_workloads", _path)
-wl = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = wl
-_spec.loader.exec_module(wl)
+from scripts import load_script
+
+wl = load_script("bench/workloads.py", "jitgrad_bench_workloads")
 
 SMALL = {"W1": 100, "I2": 100, "W2": 8, "W3": 16, "W4": 16}
 CANDIDATES = {"jitgrad": wl.Jitgrad(), "numpy": wl.NumpyByHand()}

@@ -1,22 +1,17 @@
 """docs/examples/train_mlp.py trains to its stated accuracy, its loss curve equals PyTorch's, and it
 writes the PNG when matplotlib is installed (and skips it cleanly when not)."""
 import importlib.util
-import pathlib
 import sys
 
 import numpy as np
 import pytest
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "examples" / "train_mlp.py"
+from scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("train_mlp_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/examples/train_mlp.py", "train_mlp_example")
 
 
 def test_example_trains_to_its_stated_accuracy_with_torch_equal_curves(example, tmp_path, capsys) -> None:

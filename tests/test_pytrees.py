@@ -92,7 +92,8 @@ def test_namedtuples_dataclasses_and_registered_classes() -> None:
     def f(p: Point, layer: Layer, pair: Pair) -> np.ndarray:
         return np.sum((p.x * layer.weight + layer.bias) * pair.first - p.y * pair.second)
 
-    p, layer = Point(rng.standard_normal(3), rng.standard_normal(3)), Layer(rng.standard_normal(3), rng.standard_normal(3))
+    p = Point(rng.standard_normal(3), rng.standard_normal(3))
+    layer = Layer(rng.standard_normal(3), rng.standard_normal(3))
     pair = Pair(rng.standard_normal(3), rng.standard_normal(3))
     _, (gp, glayer, gpair) = f.value_and_grad(p, layer, pair)
     assert isinstance(gp, Point) and isinstance(glayer, Layer) and isinstance(gpair, Pair)

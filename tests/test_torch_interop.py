@@ -1,7 +1,5 @@
 """PyTorch interop: traced functions take CPU tensors and give tensors back; `jg.torch.autograd_function`
 is a torch.autograd.Function that passes gradcheck and trains inside an nn.Module like pure torch."""
-import importlib.util
-import pathlib
 import subprocess
 import sys
 
@@ -11,6 +9,8 @@ import torch
 
 import jitgrad as jg
 from jitgrad import arguments
+
+from scripts import load_script
 
 
 def swish_rms_norm(x, weight):
@@ -148,11 +148,7 @@ def test_training_steps_in_a_module_match_pure_torch() -> None:
 
 
 def test_torch_module_benchmark_checks_agreement_and_times_both_variants() -> None:
-    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "torch_module.py"
-    spec = importlib.util.spec_from_file_location("jitgrad_bench_torch_module", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = load_script("bench/torch_module.py", "jitgrad_bench_torch_module")
     for block in bench.BLOCKS:
         s = bench.setup(block, batch=8, features=32, classes=3)
         assert s.jitgrad[1].apply_block == bench.FUNCTIONS[block].apply  # only the block differs
