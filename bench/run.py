@@ -1,12 +1,15 @@
 """The benchmark runner: jitgrad against eager PyTorch, torch.compile and numpy by hand.
 
     python bench/run.py [--quick] [--workload W1,W2] [--repeats N] [--no-compile] [--markdown PATH]
+                        [--models transformer,lstm,conv,rnn,mlp] [--no-models] [--no-workloads]
 
 All candidates run in one process with the same threads, interleaved round-robin (the order
 rotates every round) so load from elsewhere hits them alike. Each row reports median ms per
 call, ratios to jitgrad (above 1: jitgrad is faster), the time of the first call of jitgrad and
 torch.compile (trace + compile, excluded from the medians), and a check of every candidate's
-value and gradients against eager PyTorch.
+value and gradients against eager PyTorch. Then the model section (bench/models.py): a transformer
+block, an LSTM and a conv net, with 99th percentiles, cold starts in fresh processes and the memory of
+one step, and two structural measurements (an unrolled RNN's trace-to-fuse time, 1000 MLP steps).
 
 Compile times are cold by default: jitgrad gets a fresh kernel cache directory and inductor's
 caches are disabled; `--warm-caches` uses the persistent caches instead. This module sets those
@@ -72,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="use jitgrad's and inductor's persistent caches (first-call times are then warm)")
     parser.add_argument("--keep-openblas-env", action="store_true",
                         help=f"keep {' and '.join(OPENBLAS_HINTS)} if set (they slow numpy's BLAS)")
+    parser.add_argument("--models", default="",
+                        help="comma-separated parts of the model section (bench/models.py): transformer, lstm, "
+                             "conv, rnn (trace-to-fuse time of an unrolled RNN), mlp (1000 steps beside torch); "
+                             "default: all")
+    parser.add_argument("--no-models", action="store_true", help="skip the model section")
+    parser.add_argument("--no-workloads", action="store_true", help="skip the W1-W4 workloads (models only)")
     return parser.parse_args(argv)
 
 
@@ -166,17 +175,19 @@ def check_against_eager(workload: Any, mode: str, results: dict[str, Any], cells
             cells[name].worst_output = "value" if worst == 0 else f"grad of arg {workload.wrt[worst - 1]}"
 
 
-def time_round_robin(runs: dict[str, Callable[[], Any]], cells: dict[str, Cell], max_repeats: int) -> int:
+def time_round_robin(runs: dict[str, Callable[[], Any]], cells: dict[str, Cell], max_repeats: int,
+                     sample_seconds: float = SAMPLE_SECONDS, row_seconds: float = ROW_SECONDS) -> int:
     """Median seconds per call of each callable, sampled in rounds whose order rotates; returns the rounds.
-    Each sample lasts about SAMPLE_SECONDS; long calls get fewer rounds (at least MIN_REPEATS)."""
+    Each sample lasts about `sample_seconds` (0: one call per sample); long calls get fewer rounds, so a
+    candidate's samples take about `row_seconds` at most (at least MIN_REPEATS rounds)."""
     numbers = {}
     longest = 0.0
     for name, run in runs.items():
         run()
         estimate = per_call_estimate(run)
-        numbers[name] = max(1, round(SAMPLE_SECONDS / estimate))
+        numbers[name] = max(1, round(sample_seconds / estimate))
         longest = max(longest, numbers[name] * estimate)
-    repeats = min(max_repeats, max(MIN_REPEATS, int(ROW_SECONDS / longest))) if longest else 0
+    repeats = min(max_repeats, max(MIN_REPEATS, int(row_seconds / longest))) if longest else 0
     order = list(runs)
     for r in range(repeats):
         shift = r % len(order)
@@ -337,6 +348,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None, notes: list[
     """Measure the chosen workloads, print the table and machine, and write the markdown if asked."""
     load_at_start = os.getloadavg()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models
     import workloads as wl
 
     wl.configure_threads(args.threads)
@@ -345,6 +357,13 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None, notes: list[
     if unknown:
         print(f"unknown workload(s) {unknown}; choose from {list(wl.WORKLOADS)}", file=sys.stderr)
         return 2
+    parts = [] if args.no_models else [p.strip() for p in args.models.split(",") if p.strip()] or list(models.PARTS)
+    unknown = [p for p in parts if p not in models.PARTS]
+    if unknown:
+        print(f"unknown model part(s) {unknown}; choose from {list(models.PARTS)}", file=sys.stderr)
+        return 2
+    if args.no_workloads:
+        chosen = []
     repeats = args.repeats or (3 if args.quick else 15)
     candidates = wl.candidates(with_compile=not args.no_compile)
     names = [c.name for c in candidates]
@@ -359,6 +378,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None, notes: list[
                 print(f"{row.workload} {row.size} {row.mode}: " + ", ".join(
                     f"{n} {c.failure or format_ms(c.median_ms) + ' ms'}" for n, c in row.cells.items())
                     + f"  [{check_mark(row)}]", flush=True)
+    section = models.run_section(parts, args.quick, args.repeats, args.threads, not args.no_compile) if parts else None
     elapsed = time.perf_counter() - started
     header, body = table(rows, names)
     command = " ".join(["python bench/run.py", *(sys.argv[1:] if argv is None else argv)])
@@ -369,17 +389,24 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None, notes: list[
               f"error of value and gradients against eager PyTorch (tolerance {TOLERANCE:g}); fwd = forward, "
               f"vg = value-and-grad")
     print()
-    print(plain_table(header, body))
-    print()
-    print(legend)
+    if rows:
+        print(plain_table(header, body))
+        print()
+        print(legend)
+    if section is not None:
+        print()
+        print("\n".join(models.render(section, plain_table, args.threads)))
     for line in info:
         print(line)
     print(f"command: {command}; {when}; total {elapsed:.0f} s")
     if args.markdown:
         workload_lines = [f"- {w.name}: `{w.formula}`" for w in (wl.WORKLOADS[n] for n in chosen)]
-        text = "\n".join([f"Command: `{command}` — {when}, {elapsed:.0f} s in all.", "",
-                          markdown_table(header, body), "", legend + ".", "", "Workloads (float32):",
-                          *workload_lines, "", "Machine:", *[f"- {line}" for line in info]])
+        workload_part = ([markdown_table(header, body), "", legend + ".", "", "Workloads (float32):",
+                          *workload_lines, ""] if rows else [])
+        model_part = (["Models (bench/models.py):", "", *models.render(section, markdown_table, args.threads), ""]
+                      if section is not None else [])
+        text = "\n".join([f"Command: `{command}` — {when}, {elapsed:.0f} s in all.", "", *workload_part,
+                          *model_part, "Machine:", *[f"- {line}" for line in info]])
         write_markdown(args.markdown, text)
         print(f"wrote {args.markdown}")
     return 0
