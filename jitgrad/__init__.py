@@ -11,7 +11,9 @@
 import os as _os
 
 # numba's OpenMP workers spin-wait by default; on a loaded machine that stalls every parallel
-# kernel call by milliseconds. Passive waiting must be chosen before the OpenMP runtime starts.
+# kernel call by milliseconds. Passive waiting must be chosen before the OpenMP runtime starts. It is
+# the process's environment, so later OpenMP runtimes (torch's) get it too; a value set before the
+# import is kept (README's limits, docs/troubleshooting.md).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .api import Context, Traced, clear_caches, trace  # noqa: E402

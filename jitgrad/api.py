@@ -19,10 +19,11 @@ import numpy as np
 from . import buffers, programs, trees
 from .arguments import Arguments, as_tensors, numpy_args
 from .backends import backend
-from .errors import InputError
+from .errors import InputError, JitgradError
 from .explain import Explanation, ir_text, render
 from .plans import Plan, PlanCache
 from .traces import reading_captured
+from .tracebacks import api_boundary, filtered, show_all_frames
 from .tracing import Tracer, current_builder
 from .trees import unflatten_output
 
@@ -86,6 +87,7 @@ class Traced:
 
     # ------------------------------------------------------------------ plans
 
+    @api_boundary
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """The plan for these arguments' signature, tracing the function on a miss."""
         return self.plans.find(self._call(args, kwargs))[0]
@@ -105,15 +107,20 @@ class Traced:
     # ------------------------------------------------------------------ calling
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if any(isinstance(a, Tracer) for a in args) or current_builder() is not None:
-            if kwargs:
-                args = self.arguments.positional(args, kwargs)
-            with reading_captured(self.fn):
-                return self.fn(*args)
-        call = self._call(args, kwargs)
-        plan, captured = self.plans.find(call)
-        outs = plan.call()(plan.inputs(call.leaves, captured))
-        return unflatten_output(plan.tree, self._results(outs, call.tensors))
+        try:  # `api_boundary` inlined: the hot entry points spare its frame
+            if any(isinstance(a, Tracer) for a in args) or current_builder() is not None:
+                if kwargs:
+                    args = self.arguments.positional(args, kwargs)
+                with reading_captured(self.fn):
+                    return self.fn(*args)
+            call = self._call(args, kwargs)
+            plan, captured = self.plans.find(call)
+            outs = plan.call()(plan.inputs(call.leaves, captured))
+            return unflatten_output(plan.tree, self._results(outs, call.tensors))
+        except JitgradError as exc:
+            if show_all_frames():
+                raise
+            raise filtered(exc)
 
     def _argnums(self, argnums: int | Sequence[int] | None, nargs: int) -> tuple[list[int], Callable[[list], Any]]:
         """Normalise argnums; returns the positions and how to shape the gradient result."""
@@ -152,22 +159,27 @@ class Traced:
         """The scalar output and its gradient, computed by one fused forward+backward program. Gradients come
         in each argument's own structure (a dict of parameters gives a dict of gradients). With
         `has_aux=True` the function returns (loss, aux): the result is ((loss, aux), grads)."""
-        argnums = self.arguments.positions(argnums, argnames)
-        if isinstance(argnums, list):
-            argnums = tuple(argnums)  # a key of the compiled programs and the repeat-call table
-        call = self._call(args, kwargs)
-        repeat = self.plans.fast_paths.get((argnums, has_aux, call.fast)) if call.fast is not None else None
-        if repeat is not None:
-            return repeat(call)
-        plan, captured = self.plans.find(call)
-        exe, positions, shape_result = plan.built(("value_and_grad", argnums, has_aux),
-                                                  lambda: self._value_and_grad_program(plan, argnums, has_aux))
-        outs = exe(plan.inputs(call.leaves, captured))
-        result = self._value_and_grad_result(plan, outs, positions, shape_result, call.tensors)
-        if call.fast is not None and not call.tensors and self.device == "cpu":
-            self.plans.fast_paths[(argnums, has_aux, call.fast)] = self._repeat_value_and_grad(
-                plan, exe, positions, shape_result, argnums, has_aux)
-        return result
+        try:  # `api_boundary` inlined, as in __call__
+            argnums = self.arguments.positions(argnums, argnames)
+            if isinstance(argnums, list):
+                argnums = tuple(argnums)  # a key of the compiled programs and the repeat-call table
+            call = self._call(args, kwargs)
+            repeat = self.plans.fast_paths.get((argnums, has_aux, call.fast)) if call.fast is not None else None
+            if repeat is not None:
+                return repeat(call)
+            plan, captured = self.plans.find(call)
+            exe, positions, shape_result = plan.built(("value_and_grad", argnums, has_aux),
+                                                      lambda: self._value_and_grad_program(plan, argnums, has_aux))
+            outs = exe(plan.inputs(call.leaves, captured))
+            result = self._value_and_grad_result(plan, outs, positions, shape_result, call.tensors)
+            if call.fast is not None and not call.tensors and self.device == "cpu":
+                self.plans.fast_paths[(argnums, has_aux, call.fast)] = self._repeat_value_and_grad(
+                    plan, exe, positions, shape_result, argnums, has_aux)
+            return result
+        except JitgradError as exc:
+            if show_all_frames():
+                raise
+            raise filtered(exc)
 
     def _value_and_grad_result(self, plan: Plan, outs: list[Any], positions: list[int],
                                shape_result: Callable[[list], Any], tensors: bool) -> tuple[Any, Any]:
@@ -207,6 +219,7 @@ class Traced:
         self._check_grad_args(plan, positions, argnums is not None)
         return plan.value_and_grad(plan.differentiable(positions), has_aux), positions, shape_result
 
+    @api_boundary
     def grad(self, *args: Any, argnums: int | Sequence[int] | None = None, argnames: Any = None,
              has_aux: bool = False, **kwargs: Any) -> Any:
         """Gradient of the scalar output: a tuple over all arguments (None where not differentiable), or one
@@ -214,6 +227,7 @@ class Traced:
         (value, grads) = self.value_and_grad(*args, argnums=argnums, argnames=argnames, has_aux=has_aux, **kwargs)
         return (grads, value[1]) if has_aux else grads
 
+    @api_boundary
     def forward(self, *args: Any, **kwargs: Any) -> tuple[Any, Context]:
         """Run the compiled forward, keeping the residuals the backward needs in a context."""
         call = self._call(args, kwargs)
@@ -224,6 +238,7 @@ class Traced:
         return unflatten_output(plan.tree, self._results(outs[:n], call.tensors)), Context(plan, outs[n:],
                                                                                              call.tensors)
 
+    @api_boundary
     def backward(self, ctx: Context, *grad_outputs: Any) -> tuple[Any, ...]:
         """Gradients for every argument (None where not differentiable, in each argument's structure) given
         the outputs' cotangents (one per output leaf, or a tree of the outputs' structure). May be called any
@@ -250,10 +265,12 @@ class Traced:
         grads = dict(zip(split.wrt, self._results(split.backward(list(ctx.residuals) + cts), ctx.torch_outputs)))
         return tuple(plan.per_argument(grads, range(len(plan.signature.structures))))
 
+    @api_boundary
     def vjp(self, *args: Any, **kwargs: Any) -> tuple[Any, Callable[..., tuple[Any, ...]]]:
         """The outputs and a pullback mapping output cotangents to argument gradients."""
         out, ctx = self.forward(*args, **kwargs)
 
+        @api_boundary
         def pullback(*cotangents: Any) -> tuple[Any, ...]:
             if len(cotangents) == 1 and isinstance(cotangents[0], (tuple, list)) and len(ctx.plan.graph.outputs) > 1:
                 cotangents = tuple(cotangents[0])
@@ -267,22 +284,27 @@ class Traced:
         wrt = plan.all_differentiable()
         return Explanation(self.name, plan.graph, wrt, plan.split().graphs if wrt else None, plan.captures)
 
+    @api_boundary
     def ir(self, *args: Any, **kwargs: Any) -> str:
         """The forward IR, and the backward IR with the residuals it takes (and their bytes), as text."""
         return ir_text(self._explanation(self.plan(*args, **kwargs)))
 
+    @api_boundary
     def explain(self, *args: Any, format: str = "text", **kwargs: Any) -> str:
         """IR, saved values, fusion groups and kernel source of each compiled program (call, value-and-grad,
         forward, backward); format="dot" gives a Graphviz DOT of the forward and backward graphs."""
         return render(self._explanation(self.plan(*args, **kwargs)), format)
 
+    @api_boundary
     def kernel_counts(self, *args: Any, **kwargs: Any) -> dict[str, int]:
         """How many fused kernels each mode runs for these arguments (compiles what it needs)."""
         return self.plan(*args, **kwargs).kernel_counts()
 
     def cache_info(self) -> dict[str, int]:
-        """This function's plan cache (hits, misses, plans held) and, for the whole process, kernel sources
-        held, machine-code compiles and kernels loaded from the disk cache (CUDA ones for device="cuda")."""
+        """Counters, to see what a call traced and compiled. Per function: `hits` and `misses` of its plan cache
+        (a miss traces) and `entries`, the plans it holds. Per process, shared by every traced function (kernels
+        are shared): `kernels`, kernel sources held; `compiles`, machine code numba built; `disk_loads`, machine
+        code loaded from the disk cache instead (a warm process: compiles 0). CUDA ones for device="cuda"."""
         return {**self.plans.stats, "entries": len(self.plans.plans), **self.backend.stats()}
 
 

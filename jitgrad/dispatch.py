@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import TraceError, UnsupportedError
+from .tracebacks import api_boundary
 from .tracing import where_text
 
 FUNCTIONS: dict[Any, "Binding"] = {}  # numpy function -> binding (numpy's __array_function__)
@@ -162,6 +163,7 @@ def implements(numpy_fn: Any, *, signature: str | None = None, ufunc_method: str
 
 def _exported(binding: Binding) -> Callable[..., Any]:
     """`jg.<op>`: the implementation's name, docstring and signature, called with numpy's argument checks."""
+    @api_boundary  # called outside a trace, jg.<op> is an entry point of its own
     @functools.wraps(binding.impl)
     def op(*args: Any, **kwargs: Any) -> Any:
         return binding(*args, **kwargs)
@@ -184,5 +186,5 @@ def register_property(name: str, getter: Callable[[Any], Any]) -> None:
 
 def export(fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
     """Export a jitgrad op without a numpy counterpart (`jg.gelu`, `jg.logsumexp`) as `jg.<name>`."""
-    EXPORTS[name or fn.__name__] = fn
+    EXPORTS[name or fn.__name__] = api_boundary(fn)
     return fn

@@ -17,6 +17,7 @@ import numpy as np
 from . import trees
 from .api import Traced, trace
 from .errors import GradcheckError, InputError, UnsupportedError
+from .tracebacks import api_boundary
 from .tracing import Tracer, current_builder
 from .transforms import vjp
 from .trees import flatten_output, unflatten_output
@@ -165,6 +166,7 @@ def _check(problem: _Problem, what: str, eps: float, atol: float, rtol: float, r
     return False
 
 
+@api_boundary
 def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
               raise_exception: bool = True) -> bool:
     """True if `fn`'s analytic Jacobian (vjps through the compiled kernels) matches central finite
@@ -175,6 +177,7 @@ def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: f
     return _check(problem, "gradcheck", eps, atol, rtol, raise_exception)
 
 
+@api_boundary
 def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None, *, eps: float = 1e-6,
                   atol: float = 1e-5, rtol: float = 1e-3, raise_exception: bool = True) -> bool:
     """`gradcheck` one order higher: checks the function (inputs, grad_outputs) -> gradients of the float
@@ -222,6 +225,7 @@ def jacobian(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> Callab
     of them, in the argument's structure, for a pytree argument), in the input's dtype."""
     numbers = [argnums] if isinstance(argnums, int) else list(argnums)
 
+    @api_boundary
     def jacobian_fn(*args: Any) -> Any:
         problem, slots = _problem(fn, args, "jacobian")
         wrt, structures = [], []

@@ -30,13 +30,39 @@ def _tracers(args: Any) -> list[Tracer]:
     return []
 
 
+# What to write instead of a numpy (or SciPy) function the tracer does not take, where one expression does it.
+EQUIVALENTS = {
+    "expit": "jg.sigmoid(x)",
+    "log_expit": "-jg.softplus(-x)",
+    "erf": "jg.erf(x)",
+    "logsumexp": "jg.logsumexp(x, axis)",
+    "softmax": "jg.softmax(x, axis)",
+    "log_softmax": "jg.log_softmax(x, axis)",
+    "bincount": "jg.add_at(np.zeros(n), x, weights) (the counts of x's values, weighted, over a fixed length n)",
+    "searchsorted": "np.sum(a < v[..., None], axis=-1) for a sorted 1-d a (side='left'; <= for side='right')",
+    "digitize": "np.sum(bins <= x[..., None], axis=-1) for increasing bins",
+    "put": "np.where(mask, values, x) or jg.put_along_axis(x, indices, values, axis), which return a new array",
+    "place": "np.where(mask, values, x), which returns a new array",
+    "copyto": "np.where(mask, src, dst), which returns a new array",
+}
+
+
+def unsupported(name: str, key: str, args: Any) -> UnsupportedError:
+    """The error for a numpy function or ufunc without a binding: what it was called on and what to do instead
+    (a jg or numpy expression where one exists, docs/ops.md, computing it outside the traced function)."""
+    instead = EQUIVALENTS.get(key)
+    return UnsupportedError(f"{name} is not supported by jitgrad's tracer (called on traced {_traced_shapes(args)})."
+                            f"{f' Write {instead} instead: it traces.' if instead else ''} docs/ops.md lists what "
+                            f"is supported; otherwise compute this value outside the traced function and pass it in "
+                            f"as an argument{where_text()}")
+
+
 def handle_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> Any:
     binding = UFUNCS.get((ufunc, method))
     if binding is None:
-        name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
-        raise UnsupportedError(f"{name} is not supported by jitgrad's tracer (called on traced "
-                               f"{_traced_shapes(inputs)}); see docs/ops.md for what is, or compute it outside the "
-                               f"traced function{where_text()}")
+        owner = "numpy." if getattr(np, ufunc.__name__, None) is ufunc else "the ufunc "  # SciPy's are ufuncs too
+        name = f"{owner}{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+        raise unsupported(name, ufunc.__name__ if method == "__call__" else name, inputs)
     return binding(*inputs, **kwargs)
 
 
@@ -44,9 +70,7 @@ def handle_function(func: Any, args: tuple, kwargs: dict) -> Any:
     binding = FUNCTIONS.get(func)
     if binding is None:
         name = numpy_name(func) if hasattr(func, "__name__") else f"numpy.{func}"
-        raise UnsupportedError(f"{name} is not supported by jitgrad's tracer "
-                               f"(called on traced {_traced_shapes(args)}); see docs/ops.md for what is, or compute "
-                               f"it outside the traced function{where_text()}")
+        raise unsupported(name, getattr(func, "__name__", ""), args)
     return binding(*args, **kwargs)
 
 

@@ -24,6 +24,7 @@ from .autodiff import SplitGraphs
 from .captures import Captures
 from .errors import InputError, JitgradError
 from .ir import Graph
+from .progress import describe
 from .traces import trace_to_graph
 
 DEFAULT_MAX_PLANS = 16
@@ -66,6 +67,7 @@ class Plan:
     names: list[str]
     backend: Any
     captures: Captures = field(default_factory=Captures)  # arrays read from outside the arguments
+    label: str = "a traced function"  # the user's function, for compile progress (`jitgrad.progress.describe`)
     executables: dict[Any, Any] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)  # value-and-grad nests builds
 
@@ -106,26 +108,29 @@ class Plan:
                     self.executables[key] = found
         return found
 
-    def compile(self, graph: Graph) -> Any:
-        return self.backend.executable(programs.schedule(graph))
+    def compile(self, graph: Graph, mode: str) -> Any:
+        """`graph` scheduled and bound to kernels by the backend, named for progress as `mode` of the function."""
+        return self.backend.executable(programs.schedule(graph), f"{mode} of {self.label}")
 
     def call(self) -> Any:
         """The plain call's executable."""
-        return self.built("call", lambda: self.compile(self.graph))
+        return self.built("call", lambda: self.compile(self.graph, "call"))
 
     def value_and_grad(self, wrt: Sequence[int], has_aux: bool = False) -> Any:
         """The joint value-and-grad executable for the graph inputs `wrt` (with `has_aux`, the outputs after
         the first are computed alongside, undifferentiated)."""
         wrt = tuple(wrt)
         return self.built(("joint", wrt, has_aux),
-                          lambda: self.compile(programs.value_and_grad_graph(self.graph, wrt, has_aux)))
+                          lambda: self.compile(programs.value_and_grad_graph(self.graph, wrt, has_aux),
+                                               "value_and_grad"))
 
     def split(self) -> Split:
         """The forward/backward pair, differentiating every float input."""
         def build() -> Split:
             wrt = self.all_differentiable()
             graphs = programs.split_graphs(self.graph, wrt)
-            return Split(graphs, self.compile(graphs.forward), self.compile(graphs.backward), wrt)
+            return Split(graphs, self.compile(graphs.forward, "forward"), self.compile(graphs.backward, "backward"),
+                         wrt)
         return self.built("split", build)
 
     def kernel_counts(self) -> dict[str, int]:
@@ -152,6 +157,7 @@ class PlanCache:
         self.fast_paths: dict[tuple, Any] = {}  # repeat-call closures; each has a `.plan`
         self.lock = threading.Lock()
         self.stats = {"hits": 0, "misses": 0}
+        self.label = describe(fn)
 
     def find(self, call: Call) -> tuple[Plan, list[np.ndarray]]:
         """The plan for a call's arguments and the current values of the arrays it reads from outside them;
@@ -236,7 +242,7 @@ class PlanCache:
             if hint is None:
                 raise
             raise InputError(f"{hint}; tracing failed with it:\n{type(exc).__name__}: {exc}") from exc
-        plan = Plan(sig, traced.graph, traced.tree, names, self.backend, traced.captures)
+        plan = Plan(sig, traced.graph, traced.tree, names, self.backend, traced.captures, label=self.label)
         self.plans[sig] = plan
         if fast is not None:
             self.by_fast_key[fast] = plan

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
+from . import progress
 from .buffers import OutputBuffers
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
@@ -179,10 +180,13 @@ def outputs_to_copy(output_slots: Sequence[int], fresh: set[int]) -> list[bool]:
 
 
 class Executable:
-    """A program ready to run: call it with the graph's input arrays, get its output arrays."""
+    """A program ready to run: call it with the graph's input arrays, get its output arrays. `label` names
+    it in the progress of a slow first call (`jitgrad.progress`)."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, label: str = "a traced function"):
         self.program = program
+        self.label = label
+        self.first = True  # the first call compiles the kernels, reporting progress when slow
         graph = program.graph
         self.table = SlotTable(graph)
         self._slot = self.table.slot
@@ -210,12 +214,35 @@ class Executable:
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         slots = list(self.initial)
         slots[:self.n_inputs] = args
-        for c in self.calls:
-            c.run(slots)
+        if self.first:
+            self._first_run(slots)
+        else:
+            for c in self.calls:
+                c.run(slots)
         if not self.any_copy:
             return [slots[s] for s in self.output_slots]
         return [np.array(slots[s], copy=True) if copy else slots[s]
                 for s, copy in zip(self.output_slots, self.copy_output)]
+
+    def _first_run(self, slots: list[Any]) -> None:
+        """Run every step, telling a progress reporter before each kernel (each compiles on its first run)."""
+        self.first = False
+        report = progress.first_call(self.label, self.kernel_count)
+        if report is None:
+            for c in self.calls:
+                c.run(slots)
+            return
+        k = 0
+        try:
+            for c in self.calls:
+                if isinstance(c, _KernelCall):
+                    k += 1
+                    report.kernel(k)
+                c.run(slots)
+        except BaseException:
+            report.end(completed=False)
+            raise
+        report.end(completed=True)
 
     @property
     def kernel_count(self) -> int:

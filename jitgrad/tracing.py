@@ -17,7 +17,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import captures
-from .errors import ConcretizationError, TraceError, UnsupportedError
+from .errors import (CONTROL_FLOW, FORMAT, INDEX, PYTHON_NUMBER, TO_ARRAY, ConcretizationError, TraceError,
+                     UnsupportedError, python_number_advice)
 from .ir import Atom, Aval, Eqn, Graph, Literal, SourceInfo, Var
 from .primitive import stop_gradient_p
 
@@ -264,49 +265,49 @@ class Tracer:
     def __repr__(self) -> str:
         return f"Tracer<{self.aval}>"
 
-    def _concrete(self, what: str) -> ConcretizationError:
+    def _concrete(self, what: str, advice: str = CONTROL_FLOW) -> ConcretizationError:
         root = self.builder.capture_root()
         captured = ("; arrays the function reads from its closure, globals or attributes are traced values too "
                     "(jitgrad reads them afresh at every call), so compute such a condition outside the traced "
                     "function" if root is not None and root.implicit else "")
         return ConcretizationError(
             f"{what} needs a concrete value, but this is a traced {self.aval} array whose numbers are not "
-            "known while tracing. Python control flow cannot depend on traced values: use np.where(cond, a, b) "
-            f"to select values, or mark the argument as static with jg.trace(fn, static_argnums=...){captured}"
-            f"{where_text()}")
+            f"known while tracing. {advice}{captured}{where_text()}")
+
+    def _python_number(self, conversion: str, advice: str = PYTHON_NUMBER) -> ConcretizationError:
+        """float(), int(), .item() of a tracer, or a `math` function calling one, named from the user's line."""
+        src = user_source()
+        return self._concrete(*python_number_advice(conversion, src.line if src is not None else "", advice))
 
     def __bool__(self) -> bool:
         raise self._concrete("bool() / an if or while statement")
 
     def __float__(self) -> float:
-        raise self._concrete("float()")
+        raise self._python_number("float()")
 
     def __int__(self) -> int:
-        raise self._concrete("int()")
+        raise self._python_number("int()")
 
     def __index__(self) -> int:
-        raise self._concrete("using a traced value as an index or size")
+        raise self._python_number("using a traced value as an index or size", INDEX)
 
     def __complex__(self) -> complex:
-        raise self._concrete("complex()")
+        raise self._python_number("complex()")
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        raise self._concrete(
-            "converting to a numpy array (np.asarray / np.array, or numpy using a traced array where it needs "
-            "numbers: a numpy array indexed by a traced one, `table[y]`, or np.take(table, y), which numpy "
-            "dispatches on `table` only; write jg.take(table, y, axis=0), or for one-hot rows "
-            "jg.one_hot(y, n))")
+        raise self._concrete("converting to a numpy array (np.asarray / np.array, or numpy using a traced array "
+                             "where it needs numbers)", TO_ARRAY)
 
     def item(self, *args: Any) -> Any:
-        raise self._concrete(".item()")
+        raise self._python_number(".item()")
 
     def __format__(self, spec: str) -> str:
         if not spec:
             return repr(self)
-        raise self._concrete(f"formatting with {spec!r} (f'{{x:{spec}}}')")
+        raise self._concrete(f"formatting with {spec!r} (f'{{x:{spec}}}')", FORMAT)
 
     def tolist(self) -> Any:
-        raise self._concrete(".tolist()")
+        raise self._python_number(".tolist()")
 
     def __hash__(self) -> int:
         return id(self)

@@ -17,6 +17,7 @@ from .autodiff import inline_graph, joint_vjp_graph, with_unit_cotangent
 from .errors import InputError
 from .ir import Aval, Graph
 from .traces import Trace, trace_to_graph
+from .tracebacks import api_boundary
 from .tracing import Tracer, current_builder
 
 
@@ -108,6 +109,7 @@ def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0,
     base = fn.fn if isinstance(fn, Traced) else fn
     compiled: list[Traced] = []
 
+    @api_boundary
     def value_and_grad_fn(*args: Any) -> tuple[Any, Any]:
         if _tracing(args):
             return _traced_value_and_grad(base, args, argnums, has_aux)
@@ -124,6 +126,7 @@ def grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool
     `grad(grad(f))` works."""
     vg = value_and_grad(fn, argnums, has_aux)
 
+    @api_boundary
     def grad_fn(*args: Any) -> Any:
         value, grads = vg(*args)
         return (grads, value[1]) if has_aux else grads
@@ -132,6 +135,7 @@ def grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool
     return grad_fn
 
 
+@api_boundary
 def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[..., tuple[Any, ...]]]:
     """(fn(*args), pullback): pullback(cotangent) gives one gradient per argument (None where not
     differentiable), each in its argument's structure; cotangents are one per output leaf, or one tree
@@ -149,6 +153,7 @@ def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[..., tuple[An
     primal_outs = inline_graph(Graph(graph.inputs, graph.eqns, graph.outputs, graph.input_names),
                                flat.leaves + captured)
 
+    @api_boundary
     def pullback(*cotangents: Any) -> tuple[Any, ...]:
         if len(cotangents) == 1 and n_out > 1:
             cotangents = tuple(trees.tree_leaves(cotangents[0]))

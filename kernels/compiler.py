@@ -47,6 +47,7 @@ log = logging.getLogger("jitgrad.compile")
 cache_log = logging.getLogger("jitgrad.cache")
 _lock = threading.RLock()
 _modules: dict[str, "CompiledSource"] = {}
+_thread = threading.local()  # per thread: `builds`, the machine code it compiled
 _STATS = {"kernels_loaded": 0, "signatures": 0, "builds": 0, "disk_hits": 0, "disk_writes": 0, "disk_rejected": 0}
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import|import[ \t]+([\w.]+))", re.MULTILINE)
 
@@ -55,6 +56,12 @@ def _count(key: str) -> None:
     """Add one to a process-wide counter of `stats()`."""
     with _lock:
         _STATS[key] += 1
+
+
+def thread_builds() -> int:
+    """Machine code this thread has compiled (`builds` of `stats()` made by the calling thread): a first call
+    compares it before and after to see whether it compiled (jitgrad.progress)."""
+    return getattr(_thread, "builds", 0)
 
 
 # ---------------------------------------------------------------------- keys
@@ -247,6 +254,7 @@ class _CompileLog(numba_event.Listener):
             log.warning("compiling %s failed after %.2f s", label, seconds)
             return
         _count("builds")
+        _thread.builds = thread_builds() + 1
         log.info("compiled %s in %.2f s", label, seconds)
 
 

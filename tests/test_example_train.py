@@ -1,5 +1,5 @@
-"""docs/examples/train_mlp.py trains to its stated accuracy, its loss curve equals PyTorch's, and it
-writes the PNG when matplotlib is installed (and skips it cleanly when not)."""
+"""docs/examples/train_mlp.py trains to its stated accuracy, its loss curve equals PyTorch's (without torch it
+trains with jitgrad alone), and it writes the PNG when matplotlib is installed (and skips it cleanly when not)."""
 import importlib.util
 import sys
 
@@ -36,3 +36,11 @@ def test_plot_is_skipped_with_a_message_without_matplotlib(example, tmp_path, mo
     assert example.plot_losses([1.0, 0.5], [1.0, 0.5], str(png)) is False
     assert "matplotlib is not installed" in capsys.readouterr().out
     assert not png.exists()
+
+
+def test_without_torch_it_trains_with_jitgrad_only(example, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
+    result = example.main(["--steps", "20", "--every", "20", "--plot", str(tmp_path / "loss.png")])
+    out = capsys.readouterr().out
+    assert "torch is not installed: skipping the PyTorch comparison" in out and "jitgrad step   20/20" in out
+    assert result.torch_losses == [] and len(result.jitgrad_losses) == 20

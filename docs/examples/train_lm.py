@@ -13,7 +13,8 @@ of every parameter as a single compiled program. Run it from a checkout:
     python docs/examples/train_lm.py --steps 2000 --plot lm.png
 
 The plot needs matplotlib (`python -m pip install -e ".[plot]"`); without it the plot is skipped. The
-PyTorch timing needs torch; without it that part is skipped.
+PyTorch timing needs torch; without it that part is skipped. The PNG goes to the current directory unless
+--plot names another path.
 """
 from __future__ import annotations
 
