@@ -48,6 +48,7 @@ class Reduction:
     prim: Primitive
     src: str
     dtype: np.dtype
+    counts: bool = False  # its terms are bools cast to floats: a float sum of them is exact in any order
 
 
 @dataclass
@@ -221,9 +222,17 @@ class _LoopBuilder:
             st = self.stage(s)
             src = self.value(e.inputs[0], self.full_index, st.body, s)
             acc = self.fresh("acc")
-            st.reductions.append(Reduction(acc, e.prim, src, e.out.aval.dtype))
+            st.reductions.append(Reduction(acc, e.prim, src, e.out.aval.dtype, self.casts_bool(e.inputs[0])))
             self.acc_names[e.out] = acc
         return self.acc_names[e.out]
+
+    def casts_bool(self, a: Atom) -> bool:
+        """Is `a` (through views) a bool array cast to another dtype, so that its elements are 0 or 1?"""
+        e = self.producer.get(a) or self.views.get(a) if isinstance(a, Var) else None
+        while e is not None and e.prim.kind is Kind.VIEW:
+            a = e.inputs[0]
+            e = self.producer.get(a) or self.views.get(a) if isinstance(a, Var) else None
+        return e is not None and e.prim.name == "convert" and e.inputs[0].aval.dtype == np.bool_
 
     def build(self) -> LoopKernel:
         for k, v in enumerate(self.outputs):

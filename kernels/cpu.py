@@ -68,13 +68,15 @@ def row_index(k: LoopKernel) -> str:
 
 
 def is_blocked(r: Reduction) -> bool:
-    """Float sums add per block in their dtype (full vector width, fixed order), then across blocks in float64."""
-    return r.prim.reduction.blocked and r.dtype.kind == "f"
+    """Float sums add per block in their dtype (full vector width, fixed order), then across blocks in float64.
+    A count (a sum of bools cast to floats, as max's gradient counts ties) is exact in any order: its terms
+    go straight into the float64 accumulator, which is exact below 2**53 terms, as the blocks are."""
+    return r.prim.reduction.blocked and r.dtype.kind == "f" and not r.counts
 
 
 def order_dependent(r: Reduction) -> bool:
     """Does the result's rounding depend on the order the terms are combined in (float sums and products)?"""
-    return r.prim.reduction.order_dependent and r.dtype.kind == "f"
+    return r.prim.reduction.order_dependent and r.dtype.kind == "f" and not (r.counts and r.prim.reduction.blocked)
 
 
 def rescans_zero(r: Reduction) -> bool:

@@ -214,3 +214,33 @@ def test_row_sums_and_pooled_reductions_stay_row_kernels() -> None:
     for fn in (lambda a: np.sum(a, axis=2), lambda a: np.sum(a, axis=1), lambda a: np.max(a, axis=0)):
         program = fusion.schedule(passes.optimize(jg.trace(fn).plan(x).graph))
         assert not any(cpu.is_column_kernel(k) for k in program.kernels)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_counts_add_without_blocks_and_give_the_blocked_sums_bits(dtype, monkeypatch) -> None:
+    """A sum of bools cast to floats (max's gradient counts the ties of a 2x2 max-pool) is exact in any
+    order: it adds straight into its float64 accumulator, no block scratch, and gives the bits the
+    blocked sum gives (forced here by treating it as an ordinary sum) and numpy's count."""
+    rng = np.random.default_rng(12)
+    x = np.round(rng.standard_normal((3, 4, 2, 5, 2, 7)), 1).astype(dtype)  # rounded: ties occur
+
+    def pooled_ties(a):
+        peak = np.max(a, axis=(2, 4), keepdims=True)
+        return np.sum((a == peak).astype(dtype), axis=(2, 4)), np.sum(a > 0, axis=(0, 1, 2, 3, 4), dtype=dtype)
+
+    program = fusion.schedule(passes.optimize(jg.trace(pooled_ties).plan(x).graph))
+    kernels = list(program.kernels)
+    counts = [r for k in kernels for st in k.stages for r in st.reductions if r.counts]
+    assert len(counts) == 2 and not any(cpu.is_blocked(r) for r in counts)
+    assert all("block_sum" not in cpu.module_source(k) for k in kernels)
+    results = [_both_variants(k, [x]) for k in kernels]
+    monkeypatch.setattr(cpu, "is_blocked", lambda r: r.prim.reduction.blocked and r.dtype.kind == "f")
+    monkeypatch.setattr(cpu, "order_dependent", lambda r: r.prim.reduction.order_dependent and r.dtype.kind == "f")
+    assert any("block_sum" in cpu.module_source(k) for k in kernels)
+    for k, (serial, parallel) in zip(kernels, results):
+        (blocked, _) = _both_variants(k, [x])
+        assert all(np.array_equal(s, p) and np.array_equal(s, b) for s, p, b in zip(serial, parallel, blocked))
+    got = jg.trace(pooled_ties)(x)
+    want = pooled_ties(x)
+    assert got[0].dtype == dtype and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert got[0].max() > 1  # the test has ties
