@@ -104,15 +104,15 @@ def user_module(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_cli_explains_plain_and_traced_functions(user_module, capsys) -> None:
+def test_cli_explains_plain_and_traced_functions(user_module, capfd) -> None:
     assert cli.main(["explain", "explain_target:loss", "--shapes", "f32[100],f32[100]"]) == 0
-    text = capsys.readouterr().out
+    text = capfd.readouterr().out
     assert "{ lambda a:float32[100] b:float32[100] ." in text and "MulBackward" in text
     assert "# saved for backward:" in text and "def kernel_0(" in text
     assert cli.main(["explain", "explain_target:traced", "--shapes", "f64[3],f64[3]", "--format", "dot"]) == 0
-    assert capsys.readouterr().out.startswith('digraph "loss" {')
+    assert capfd.readouterr().out.startswith('digraph "loss" {')
     assert cli.main(["explain", "explain_target:nothing", "--shapes", "f32[3]"]) == 2
-    assert "has no attribute 'nothing'" in capsys.readouterr().err
+    assert "has no attribute 'nothing'" in capfd.readouterr().err
     assert cli.main(["explain", "no_such_module_here:f", "--shapes", "f32[3]"]) == 2
 
 

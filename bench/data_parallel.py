@@ -1,7 +1,7 @@
 """Data-parallel W2 on a Dask LocalCluster (`jg.distributed`) against the single-process value-and-grad.
 
     python -m pip install -e '.[bench,distributed]'
-    python bench/distributed.py [--batch 16384] [--small 64] [--repeats 15] [--cores 2]
+    python bench/data_parallel.py [--batch 16384] [--small 64] [--repeats 15] [--cores 2]
 
 W2 of bench/workloads.py: sum(tanh(x @ W + b) ** 2), W 512x512, float32, gradients of W and b. For a
 LocalCluster of 1 worker (all cores to its numba and BLAS threads) and of 2 workers (half each), the
@@ -26,11 +26,6 @@ import sys
 import time
 import warnings
 from typing import Any, Callable
-
-# Run as a script, this file's directory leads sys.path, where "distributed" would be this file rather than
-# Dask's package; the workloads module is loaded by path, so the directory is not needed.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]
 
 OPENBLAS_HINTS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # they slow a current numpy's BLAS (see bench/run.py)
 for _name in OPENBLAS_HINTS:  # before numpy loads its BLAS, here and in the workers (they inherit the environment)
