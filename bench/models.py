@@ -281,6 +281,7 @@ class TimingRow:
     rounds: int
     cells: dict[str, Any]
     p99_ms: dict[str, float]
+    background_s: float  # the wait after the first calls for jitgrad's background compiles, before any timing
 
 
 def measure_model(model: Model, s: Size, cands: list[wl.Candidate], rounds: int) -> TimingRow:
@@ -291,9 +292,12 @@ def measure_model(model: Model, s: Size, cands: list[wl.Candidate], rounds: int)
     runs, results = runner.first_calls(model, s, wl.VALUE_AND_GRAD, inputs, cands, cells)
     runner.check_against_eager(model, wl.VALUE_AND_GRAD, results, cells)
     del results
+    start = time.perf_counter()
+    compiler.wait_for_background_compiles()  # a new size may compile parallel variants: time them apart
+    background = time.perf_counter() - start
     done = runner.time_round_robin(runs, cells, rounds, sample_seconds=0.0, row_seconds=MODEL_ROW_SECONDS)
     p99 = {n: float(np.percentile(c.samples, 99)) * 1e3 for n, c in cells.items() if c.samples}
-    return TimingRow(model.name, s.label, done, cells, p99)
+    return TimingRow(model.name, s.label, done, cells, p99, background)
 
 
 # ---------------------------------------------------------------- before numba: trace -> fuse
@@ -588,6 +592,7 @@ def timing_table(results: ModelResults) -> tuple[list[str], list[list[str]]]:
     header = ["model", "size", "reps"]
     for n in names:
         header += [f"{n} ms", f"{n} p99"] + ([f"{n} 1st s"] if n != "eager" else [])
+        header += ["jitgrad background s"] if n == "jitgrad" else []
     header += [f"{n}/jitgrad" for n in names if n != "jitgrad"] + ["check"]
     body = []
     for row in results.timing:
@@ -597,6 +602,8 @@ def timing_table(results: ModelResults) -> tuple[list[str], list[list[str]]]:
             line += [cell.failure or runner.format_ms(cell.median_ms), runner.format_ms(row.p99_ms.get(n))]
             if n != "eager":
                 line.append("-" if cell.failure else runner.format_seconds(cell.first_call_s))
+            if n == "jitgrad":
+                line.append(runner.format_seconds(row.background_s))
         mine = row.cells["jitgrad"].median_ms
         line += [_ratio(row.cells[n].median_ms, mine) for n in names if n != "jitgrad"]
         line.append(runner.check_mark(runner.Row(row.model, row.size, wl.VALUE_AND_GRAD, row.rounds, row.cells)))
@@ -676,7 +683,10 @@ def render(results: ModelResults, table: Callable[[list[str], list[list[str]]], 
         lines += [table(*timing_table(results)), "",
                   "median and 99th-percentile ms per call (one call per sample); '1st s' = first call in this "
                   "process (small: kernels from the cold child's cache; medium: a new size of the same traced "
-                  "function); X/jitgrad = X's median over jitgrad's; check against eager PyTorch as above.", "",
+                  "function); 'jitgrad background s' = the wait after the first calls for parallel variants "
+                  "compiling in the background (a new size may need them), before the timed rounds; while they "
+                  "compile, jitgrad's calls share the cores and the GIL with the compiler and run several times "
+                  "slower; X/jitgrad = X's median over jitgrad's; check against eager PyTorch as above.", "",
                   "Models (float32, value-and-grad wrt every weight):",
                   *[f"- {m.name}: {m.title}" for m in MODELS.values() if m.name in {r.model for r in results.timing}],
                   ""]
