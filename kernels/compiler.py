@@ -38,7 +38,7 @@ from numba.core.runtime import rtsys
 from numba.core.serialize import dumps
 
 from jitgrad import cache
-from jitgrad.kernels import background
+from jitgrad.kernels import background, collector
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -216,7 +216,8 @@ def _label(dispatcher: Any, args: Any) -> str:
 
 
 class _CompileLog(numba_event.Listener):
-    """Counts and logs numba compiles of generated kernels; a long compile logs progress."""
+    """Counts and logs numba compiles of generated kernels, pausing the garbage collector during the
+    foreground ones (`jitgrad.kernels.collector`); a long compile logs progress."""
 
     def __init__(self) -> None:
         self._running: dict[tuple[int, int], tuple[float, threading.Event]] = {}
@@ -229,6 +230,7 @@ class _CompileLog(numba_event.Listener):
         start, done = time.perf_counter(), threading.Event()
         self._running[(threading.get_ident(), id(dispatcher))] = (start, done)
         if threading.current_thread() is not background.scheduler.worker:
+            collector.pause.enter()
             background.scheduler.foreground_started()
         log.debug("compiling %s", label)
         threading.Thread(target=self._progress, args=(label, start, done), daemon=True,
@@ -245,6 +247,7 @@ class _CompileLog(numba_event.Listener):
         if running is None:
             return
         if threading.current_thread() is not background.scheduler.worker:
+            collector.pause.exit()
             background.scheduler.foreground_ended()
         start, done = running
         done.set()

@@ -1,0 +1,96 @@
+"""A call that waits for a kernel to compile runs it with Python's garbage collector paused
+(`jitgrad.kernels.collector`); the collector is back as it was afterwards, from any thread."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+from numba.core import event as numba_event
+
+import jitgrad as jg
+from jitgrad.kernels import compiler
+
+
+class _CollectorProbe(numba_event.Listener):
+    """Records, at the start of each kernel compile, whether the collector is on (jitgrad's own listener,
+    registered at import, has run by then)."""
+
+    def __init__(self) -> None:
+        self.enabled_at_start: list[bool] = []
+
+    def on_start(self, event: numba_event.Event) -> None:
+        if compiler._is_kernel(event.data["dispatcher"]):
+            self.enabled_at_start.append(gc.isenabled())
+
+    def on_end(self, event: numba_event.Event) -> None:
+        pass
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path))  # cold: the kernels must build
+    listener = _CollectorProbe()
+    numba_event.register("numba:compile", listener)
+    yield listener
+    numba_event.unregister("numba:compile", listener)
+
+
+def test_collector_off_while_a_kernel_compiles_and_on_after(probe) -> None:
+    assert gc.isenabled()
+    builds = compiler.stats()["builds"]
+    f = jg.trace(lambda x: np.sum(np.arcsinh(x) * x))
+    x = np.linspace(0, 1, 50, dtype=np.float32)
+    value, (grad,) = f.value_and_grad(x)
+    assert compiler.stats()["builds"] > builds
+    assert probe.enabled_at_start and not any(probe.enabled_at_start)
+    assert gc.isenabled()
+    np.testing.assert_allclose(value, np.sum(np.arcsinh(x) * x), rtol=1e-5)
+    np.testing.assert_allclose(grad, np.arcsinh(x) + x / np.sqrt(x * x + 1), rtol=1e-5)
+
+
+def test_collector_the_process_turned_off_stays_off(probe) -> None:
+    builds = compiler.stats()["builds"]
+    gc.disable()
+    try:
+        out = jg.trace(lambda x: np.arctan(x) * 3 - x)(np.ones(8))
+        assert compiler.stats()["builds"] > builds
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    np.testing.assert_allclose(out, np.arctan(1.0) * 3 - 1)
+
+
+def test_concurrent_first_calls_leave_the_collector_on(probe) -> None:
+    fns = [jg.trace(lambda x, k=k: np.sum(np.cos(x) ** (k + 2) + x * k)) for k in range(4)]
+    barrier = threading.Barrier(len(fns))
+    x = np.linspace(-1, 1, 64)
+    results: dict[int, float] = {}
+
+    def work(k: int) -> None:
+        barrier.wait()
+        results[k] = float(fns[k](x))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert gc.isenabled()
+    assert not any(probe.enabled_at_start)
+    for k in range(len(fns)):
+        assert results[k] == pytest.approx(np.sum(np.cos(x) ** (k + 2) + x * k), rel=1e-12)
+
+
+def test_a_child_forked_during_a_compile_gets_the_collector_back() -> None:
+    import multiprocessing
+
+    pause = compiler.collector.pause
+    pause.enter()  # as a compiling thread would hold it
+    try:
+        assert not gc.isenabled()
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:
+            assert pool.apply(gc.isenabled) is True
+    finally:
+        pause.exit()
+    assert gc.isenabled()
