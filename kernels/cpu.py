@@ -318,13 +318,13 @@ def _emit_columns(w: _Writer, k: LoopKernel, parallel: bool) -> None:
         cell = f"{r.acc}_l[ln{row} & np.uint64({lane_of[r.acc]}), np.uint64(i{last} - tl{last})]"
         w.line(body, f"{cell} = {cell} + {numba_type(r.dtype)}({r.src})")
     _emit_stores(w, k, body, stage.stores)
-    for r in stage.reductions:
-        width = LANES[np.dtype(r.dtype)]
-        while width > 1:
-            width //= 2
-            w.line(inner + 1, f"for h in range({width}):")
-            w.line(inner + 2, f"for j in range(wd{last}):")
-            w.line(inner + 3, f"{r.acc}_l[h, j] = {r.acc}_l[h, j] + {r.acc}_l[h + {width}, j]")
+    for r in stage.reductions:  # the tree of halves as one loop: a sixth of the code to compile, the same adds
+        w.line(inner + 1, f"hw = {LANES[np.dtype(r.dtype)]}")
+        w.line(inner + 1, "while hw > 1:")
+        w.line(inner + 2, "hw //= 2")
+        w.line(inner + 2, "for h in range(hw):")
+        w.line(inner + 3, f"for j in range(wd{last}):")
+        w.line(inner + 4, f"{r.acc}_l[h, j] = {r.acc}_l[h, j] + {r.acc}_l[h + hw, j]")
         w.line(inner + 1, f"for j in range(wd{last}):")
         w.line(inner + 2, f"{r.acc}_t[j] += np.float64({r.acc}_l[0, j])")
     per_column = w.loop(tile, last, f"tl{last}, tl{last} + wd{last}")
