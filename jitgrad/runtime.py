@@ -156,6 +156,7 @@ class SlotTable:
         self.slot_of: dict[Var, int] = {}
         self.initial: list[Any] = []
         self.place = place
+        self.graph_inputs = frozenset(graph.inputs)
         for v in graph.inputs:
             self.slot(v)
 
@@ -167,6 +168,28 @@ class SlotTable:
             self.slot_of[a] = len(self.initial)
             self.initial.append(None)
         return self.slot_of[a]
+
+
+RELEASE_MIN_BYTES = 4096  # smaller intermediates are not worth a step's bookkeeping
+
+
+def release_after(table: SlotTable, steps: Sequence[tuple[Sequence[int], Sequence[int]]],
+                  keep: Sequence[int]) -> list[tuple[int, ...]]:
+    """Per step (its input and output slots), the slots whose value no later step reads and no output
+    returns: dropped right after that step, so a call's peak memory is what is live at once rather than
+    every intermediate of the call. Graph inputs, constants and values under RELEASE_MIN_BYTES stay."""
+    last: dict[int, int] = {}
+    for k, (ins, outs) in enumerate(steps):
+        for i in (*ins, *outs):
+            last[i] = k
+    kept = set(keep)
+    released: list[list[int]] = [[] for _ in steps]
+    for var, i in table.slot_of.items():
+        if i in kept or table.initial[i] is not None or i not in last or var in table.graph_inputs:
+            continue
+        if var.aval.size * np.dtype(var.aval.dtype).itemsize >= RELEASE_MIN_BYTES:
+            released[last[i]].append(i)
+    return [tuple(r) for r in released]
 
 
 def outputs_to_copy(output_slots: Sequence[int], fresh: set[int]) -> list[bool]:
@@ -199,6 +222,8 @@ class Executable:
         self.copy_output = outputs_to_copy(self.output_slots, fresh)
         self.any_copy = any(self.copy_output)
         self.sources = [c.compiled.source for c in self.calls if isinstance(c, _KernelCall)]
+        released = release_after(self.table, [(c.inputs, c.outputs) for c in self.calls], self.output_slots)
+        self.steps = list(zip(self.calls, released))
 
     def _bind(self, step: LoopKernel | HostStep) -> _KernelCall | _HostCall:
         if isinstance(step, HostStep):
@@ -217,8 +242,10 @@ class Executable:
         if self.first:
             self._first_run(slots)
         else:
-            for c in self.calls:
+            for c, released in self.steps:
                 c.run(slots)
+                for i in released:
+                    slots[i] = None
         if not self.any_copy:
             return [slots[s] for s in self.output_slots]
         return [np.array(slots[s], copy=True) if copy else slots[s]
@@ -228,21 +255,21 @@ class Executable:
         """Run every step, telling a progress reporter before each kernel (each compiles on its first run)."""
         self.first = False
         report = progress.first_call(self.label, self.kernel_count)
-        if report is None:
-            for c in self.calls:
-                c.run(slots)
-            return
         k = 0
         try:
-            for c in self.calls:
-                if isinstance(c, _KernelCall):
+            for c, released in self.steps:
+                if report is not None and isinstance(c, _KernelCall):
                     k += 1
                     report.kernel(k)
                 c.run(slots)
+                for i in released:
+                    slots[i] = None
         except BaseException:
-            report.end(completed=False)
+            if report is not None:
+                report.end(completed=False)
             raise
-        report.end(completed=True)
+        if report is not None:
+            report.end(completed=True)
 
     @property
     def kernel_count(self) -> int:

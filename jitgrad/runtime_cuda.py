@@ -35,7 +35,7 @@ from .ir import Atom, Aval, Var
 from .kernels import cuda as kc
 from .ops.linalg import matmul_p
 from .primitive import Kind
-from .runtime import SlotTable, outputs_to_copy
+from .runtime import SlotTable, outputs_to_copy, release_after
 
 _lock = threading.RLock()
 _modules: dict[str, "DeviceModule"] = {}
@@ -297,6 +297,8 @@ class CudaExecutable:
             copy_kernel(a.aval) if copy else None
             for a, copy in zip(graph.outputs, outputs_to_copy(self.output_slots, fresh))]
         self.sources = [c.compiled.module.source for c in self.calls if isinstance(c, _KernelCall) and c.fused]
+        released = release_after(self.table, [(c.inputs, c.outputs) for c in self.calls], self.output_slots)
+        self.steps = list(zip(self.calls, released))
 
     def _bind(self, step: LoopKernel | HostStep) -> _Call:
         if isinstance(step, LoopKernel):
@@ -316,8 +318,10 @@ class CudaExecutable:
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         slots = list(self.initial)
         slots[:len(args)] = [as_device_array(x, aval) for x, aval in zip(args, self.input_avals)]
-        for c in self.calls:
+        for c, released in self.steps:
             c.run(slots)
+            for i in released:
+                slots[i] = None
         return [slots[s] if copy is None else copy([slots[s]])[0]
                 for s, copy in zip(self.output_slots, self.output_copies)]
 

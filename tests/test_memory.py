@@ -1,5 +1,6 @@
 """Memory stays bounded when shapes vary: per-function plan caches are least-recently-used with a limit,
-pooled output buffers are bounded in bytes and released with their plans, and the caches can be cleared."""
+pooled output buffers are bounded in bytes and released with their plans, and the caches can be cleared;
+within a call, each intermediate is dropped after its last use."""
 from __future__ import annotations
 
 import os
@@ -110,3 +111,29 @@ def test_bad_settings_fall_back_to_the_defaults(monkeypatch, caplog, name, value
         limit = plans.max_plans() if name == "JITGRAD_MAX_PLANS" else buffers.pool_limit_bytes()
     assert limit == (plans.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else int(buffers.DEFAULT_POOL_MB * 2**20))
     assert name in caplog.text
+
+
+def test_intermediates_are_dropped_after_their_last_use() -> None:
+    """Twenty matmul results of 512 KB each: the call holds about one at a time, not all twenty."""
+    import tracemalloc
+
+    w = np.random.default_rng(0).standard_normal((256, 256)) / 16
+
+    def chain(x):
+        for _ in range(20):
+            x = np.tanh(x @ w)
+        return np.sum(x)
+
+    f = jg.trace(chain)
+    x = np.random.default_rng(1).standard_normal((256, 256))
+    expected = chain(x)
+    for _ in range(3):  # the kernels' pooled output buffers exist from here on
+        f(x)
+    tracemalloc.start()
+    try:
+        value = f(x)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert value == pytest.approx(expected, rel=1e-12)
+    assert peak < 4 * 256 * 256 * 8, f"peak {peak / 2**20:.1f} MB: intermediates kept until the call ends"
