@@ -63,7 +63,7 @@ class Explanation:
 
 
 def nbytes(a: Atom) -> int:
-    return a.aval.size * a.aval.dtype.itemsize
+    return a.aval.nbytes
 
 
 def _input_name(graph: Graph, k: int) -> str:

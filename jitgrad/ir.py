@@ -33,6 +33,10 @@ class Aval:
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    @property
     def is_float(self) -> bool:
         return self.dtype.kind in _FLOAT_KINDS
 

@@ -187,9 +187,17 @@ def release_after(table: SlotTable, steps: Sequence[tuple[Sequence[int], Sequenc
     for var, i in table.slot_of.items():
         if i in kept or table.initial[i] is not None or i not in last or var in table.graph_inputs:
             continue
-        if var.aval.size * np.dtype(var.aval.dtype).itemsize >= RELEASE_MIN_BYTES:
+        if var.aval.nbytes >= RELEASE_MIN_BYTES:
             released[last[i]].append(i)
     return [tuple(r) for r in released]
+
+
+def run_steps(steps: Sequence[tuple[Any, tuple[int, ...]]], slots: list[Any]) -> None:
+    """Run each call over the slot list, dropping the values `release_after` gave it once it has run."""
+    for c, released in steps:
+        c.run(slots)
+        for i in released:
+            slots[i] = None
 
 
 def outputs_to_copy(output_slots: Sequence[int], fresh: set[int]) -> list[bool]:
@@ -242,10 +250,7 @@ class Executable:
         if self.first:
             self._first_run(slots)
         else:
-            for c, released in self.steps:
-                c.run(slots)
-                for i in released:
-                    slots[i] = None
+            run_steps(self.steps, slots)
         if not self.any_copy:
             return [slots[s] for s in self.output_slots]
         return [np.array(slots[s], copy=True) if copy else slots[s]
@@ -255,21 +260,22 @@ class Executable:
         """Run every step, telling a progress reporter before each kernel (each compiles on its first run)."""
         self.first = False
         report = progress.first_call(self.label, self.kernel_count)
+        if report is None:
+            run_steps(self.steps, slots)
+            return
         k = 0
         try:
             for c, released in self.steps:
-                if report is not None and isinstance(c, _KernelCall):
+                if isinstance(c, _KernelCall):
                     k += 1
                     report.kernel(k)
                 c.run(slots)
                 for i in released:
                     slots[i] = None
         except BaseException:
-            if report is not None:
-                report.end(completed=False)
+            report.end(completed=False)
             raise
-        if report is not None:
-            report.end(completed=True)
+        report.end(completed=True)
 
     @property
     def kernel_count(self) -> int:

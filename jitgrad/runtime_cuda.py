@@ -35,7 +35,7 @@ from .ir import Atom, Aval, Var
 from .kernels import cuda as kc
 from .ops.linalg import matmul_p
 from .primitive import Kind
-from .runtime import SlotTable, outputs_to_copy, release_after
+from .runtime import SlotTable, outputs_to_copy, release_after, run_steps
 
 _lock = threading.RLock()
 _modules: dict[str, "DeviceModule"] = {}
@@ -318,10 +318,7 @@ class CudaExecutable:
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         slots = list(self.initial)
         slots[:len(args)] = [as_device_array(x, aval) for x, aval in zip(args, self.input_avals)]
-        for c, released in self.steps:
-            c.run(slots)
-            for i in released:
-                slots[i] = None
+        run_steps(self.steps, slots)
         return [slots[s] if copy is None else copy([slots[s]])[0]
                 for s, copy in zip(self.output_slots, self.output_copies)]
 
