@@ -1,10 +1,12 @@
 """Reused output arrays of kernel call sites, bounded in bytes across the process.
 
-A kernel call site keeps the arrays it wrote last time and writes into one again when its
-reference count shows that the pool is its sole owner: an array the user kept (or any view of it,
-or a saved residual) is never overwritten. Reuse spares large calls the page faults of fresh
-allocations. All pools together hold at most `JITGRAD_BUFFER_POOL_MB` megabytes (default 256);
-past that, the least recently used pools let their arrays go. Whether reference counts can tell
+An executable's pool keeps the arrays its kernels wrote, by shape and dtype, and a kernel writes
+into one again when its reference count shows that the pool is its sole owner: an array the user
+kept (or any view of it, or a saved residual, or a value the call still reads) is never
+overwritten. Reuse spares large calls the page faults of fresh allocations, and sharing by shape
+lets one array serve every output of its shape whose lifetimes do not overlap. All pools together
+hold at most `JITGRAD_BUFFER_POOL_MB` megabytes (default 256); past that, the least recently used
+pools let their arrays go. Whether reference counts can tell
 sole ownership is checked once on the running interpreter; where they cannot, nothing is pooled.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ log = logging.getLogger("jitgrad.runtime")
 
 
 def _sole_ownership_is_visible() -> bool:
-    """Does `sys.getrefcount` in `OutputBuffers._take_one`'s loop tell a buffer nobody else holds from one
+    """Does `sys.getrefcount` in `BufferPool.take`'s loop tell a buffer nobody else holds from one
     that is held (by a name, or by a view)? Interpreters differ in how they count borrowed references."""
     pool = [np.empty(4)]
     free = [sys.getrefcount(buf) == _SOLE_OWNER for buf in pool]
@@ -69,7 +71,7 @@ class _Budget:
         self.held = 0
         self.pools: OrderedDict[int, list] = OrderedDict()  # id(pool) -> [weakref to it, bytes it holds]
 
-    def reserve(self, pool: "OutputBuffers", nbytes: int) -> bool:
+    def reserve(self, pool: "BufferPool", nbytes: int) -> bool:
         """Make room for `nbytes` more in `pool`; False if they do not fit even with every other pool emptied."""
         limit = pool_limit_bytes()
         with self.lock:
@@ -91,7 +93,7 @@ class _Budget:
             self.held += nbytes
             return True
 
-    def returned(self, pool: "OutputBuffers", nbytes: int) -> None:
+    def returned(self, pool: "BufferPool", nbytes: int) -> None:
         """`pool` let `nbytes` of its arrays go."""
         with self.lock:
             entry = self.pools.get(id(pool))
@@ -123,40 +125,62 @@ class _Budget:
 budget = _Budget()
 
 
-class OutputBuffers:
-    """The output arrays of one kernel call site, reused across calls once nobody else holds them."""
+class BufferPool:
+    """The output arrays of one program's call sites, shared by size and dtype and reused once nobody else
+    holds them: an intermediate the call has dropped (`runtime.release_after`) serves the next output of its
+    size within the same call, whatever its shape (a view of the same flat array), so the pool holds about
+    what a call has live at once rather than one array per output. Each (size, dtype) keeps at most DEPTH
+    arrays per output of that kind."""
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]):
-        self.shapes = list(shapes)
-        self.dtypes = list(dtypes)
-        self.held: list[list[np.ndarray]] = [[] for _ in self.shapes]
-        self.nbytes = [int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in zip(self.shapes, self.dtypes)]
-        self.small = [n < MIN_BYTES for n in self.nbytes]
-        self.pooled = POOLING and not all(self.small)
+    def __init__(self) -> None:
+        self.held: dict[tuple[int, str], list[np.ndarray]] = {}
+        self.limit: dict[tuple[int, str], int] = {}
         self.lock = threading.Lock()
 
-    def take(self) -> list[np.ndarray]:
-        if not self.pooled:
-            return [np.empty(s, d) for s, d in zip(self.shapes, self.dtypes)]
-        with self.lock:
-            return [self._take_one(k) for k in range(len(self.shapes))]
+    def site(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]) -> "OutputBuffers":
+        """The outputs of one call site, taken from this pool."""
+        site = OutputBuffers(self, shapes, dtypes)
+        for key, small in zip(site.keys, site.small):
+            if not small:
+                self.limit[key] = self.limit.get(key, 0) + DEPTH
+                self.held.setdefault(key, [])
+        return site
 
-    def _take_one(self, k: int) -> np.ndarray:
-        if self.small[k]:
-            return np.empty(self.shapes[k], self.dtypes[k])
-        pool = self.held[k]
-        for buf in pool:
-            if sys.getrefcount(buf) == _SOLE_OWNER:
-                return buf
-        buf = np.empty(self.shapes[k], self.dtypes[k])
-        if len(pool) == DEPTH:
-            pool.pop(0)  # the oldest is the user's now; the pool forgets it
-            budget.returned(self, self.nbytes[k])
-        if budget.reserve(self, self.nbytes[k]):
-            pool.append(buf)
-        return buf
+    def take(self, key: tuple[int, str], nbytes: int, shape: tuple[int, ...]) -> np.ndarray:
+        """An array of `shape` over a free flat array of `key` (size, dtype), or over a new one."""
+        with self.lock:
+            pool = self.held[key]
+            for buf in pool:
+                if sys.getrefcount(buf) == _SOLE_OWNER:  # views of it count: their `base` is this array
+                    return buf.reshape(shape)
+            buf = np.empty(key[0], key[1])
+            if len(pool) == self.limit[key]:
+                pool.pop(0)  # the oldest is the user's now; the pool forgets it
+                budget.returned(self, nbytes)
+            if budget.reserve(self, nbytes):
+                pool.append(buf)
+            return buf.reshape(shape)
 
     def drop(self) -> None:
         """Let every held array go (the budget has stopped counting them). Swapping the lists needs no lock:
         a take running meanwhile works on the old lists, whose arrays are then simply not reused."""
-        self.held = [[] for _ in self.shapes]
+        self.held = {key: [] for key in self.held}
+
+
+class OutputBuffers:
+    """The output arrays of one kernel call site: small ones allocated afresh, the others from its pool."""
+
+    def __init__(self, pool: BufferPool, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]):
+        self.pool = pool
+        self.shapes = [tuple(s) for s in shapes]
+        self.dtypes = [np.dtype(d) for d in dtypes]
+        self.keys = [(int(np.prod(s, dtype=np.int64)), d.str) for s, d in zip(self.shapes, self.dtypes)]
+        self.nbytes = [size * d.itemsize for (size, _), d in zip(self.keys, self.dtypes)]
+        self.small = [n < MIN_BYTES or not POOLING for n in self.nbytes]
+        self.pooled = not all(self.small)
+
+    def take(self) -> list[np.ndarray]:
+        if not self.pooled:
+            return [np.empty(s, d) for s, d in zip(self.shapes, self.dtypes)]
+        return [np.empty(s, d) if small else self.pool.take(key, n, s)
+                for s, d, key, n, small in zip(self.shapes, self.dtypes, self.keys, self.nbytes, self.small)]

@@ -97,6 +97,7 @@ class Primitive:
     simplify: Callable[[Eqn, Callable[[Atom], Any], Callable[[Atom], Eqn | None]], Atom | Eqn | None] | None = None
     backward_label: str = ""
     fresh_output: bool = False  # a host op whose result is always a new array (never a view of an input)
+    takes_out: bool = False  # a fresh host op whose `impl` writes into `out=` with the same bits (pooled buffers)
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"

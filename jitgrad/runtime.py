@@ -5,7 +5,8 @@ numba dispatcher (the serial variant for small domains; for large ones whichever
 parallel proved faster on the first calls), host steps
 call the primitive's numpy reference (BLAS for matmul, views for reshapes). Outputs never alias
 inputs or each other: anything that would is copied. Kernel output buffers are recycled between
-calls only when nothing outside the runtime still references them (`jitgrad.buffers`).
+calls, and within a call by later outputs of the same shape, only when nothing else still references
+them (`jitgrad.buffers`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numba
 import numpy as np
 
 from . import progress
-from .buffers import OutputBuffers
+from .buffers import BufferPool, OutputBuffers
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
 from .kernels import compiler, cpu
@@ -138,9 +139,14 @@ class _HostCall:
     inputs: list[int]
     outputs: list[int]
     fresh: bool = False  # the result is a new array: an output needs no copy
+    buffers: OutputBuffers | None = None  # where `fn` writes its one output (`out=`), for ops that take one
 
     def run(self, slots: list[Any]) -> None:
-        res = self.fn(*[slots[i] for i in self.inputs], **self.params)
+        if self.buffers is not None:
+            (out,) = self.buffers.take()
+            res = self.fn(*[slots[i] for i in self.inputs], out=out, **self.params)
+        else:
+            res = self.fn(*[slots[i] for i in self.inputs], **self.params)
         if len(self.outputs) == 1:
             slots[self.outputs[0]] = res
         else:
@@ -221,6 +227,7 @@ class Executable:
         graph = program.graph
         self.table = SlotTable(graph)
         self._slot = self.table.slot
+        self.buffers = BufferPool()
         self.n_inputs = len(graph.inputs)
         self.calls: list[_KernelCall | _HostCall] = [self._bind(s) for s in program.steps]
         self.output_slots = [self._slot(a) for a in graph.outputs]
@@ -236,13 +243,16 @@ class Executable:
     def _bind(self, step: LoopKernel | HostStep) -> _KernelCall | _HostCall:
         if isinstance(step, HostStep):
             e = step.eqn
+            out = e.outs[0].aval
+            site = self.buffers.site([out.shape], [out.dtype]) if e.prim.takes_out else None
             return _HostCall(e.prim.impl, dict(e.params), [self._slot(a) for a in e.inputs],
-                             [self._slot(o) for o in e.outs], e.prim.fresh_output)
+                             [self._slot(o) for o in e.outs], e.prim.fresh_output,
+                             site if site is not None and site.pooled else None)
         compiled = compiler.load(cpu.module_source(step), {PARALLEL: {"parallel": True}, SERIAL: {}})
         size = int(np.prod(step.domain, dtype=np.int64))
+        site = self.buffers.site([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs])
         return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],
-                           [self._slot(o) for o in step.outputs],
-                           OutputBuffers([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs]))
+                           [self._slot(o) for o in step.outputs], site)
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         slots = list(self.initial)

@@ -137,3 +137,39 @@ def test_intermediates_are_dropped_after_their_last_use() -> None:
         tracemalloc.stop()
     assert value == pytest.approx(expected, rel=1e-12)
     assert peak < 4 * 256 * 256 * 8, f"peak {peak / 2**20:.1f} MB: intermediates kept until the call ends"
+
+
+def test_outputs_share_pooled_buffers_by_size() -> None:
+    """The same chain: forty outputs of 512 KB (twenty matmuls written through `out=`, twenty tanh kernels)
+    reuse the few arrays live at once, whatever their shape, instead of keeping one per output."""
+    w = np.random.default_rng(0).standard_normal((256, 256)) / 16
+
+    def chain(x):
+        for _ in range(20):
+            x = np.tanh((x @ w).reshape(128, 512)).reshape(256, 256)
+        return np.sum(x)
+
+    jg.clear_caches()
+    f = jg.trace(chain)
+    x = np.random.default_rng(1).standard_normal((256, 256))
+    for _ in range(3):
+        value = f(x)
+    assert value == pytest.approx(chain(x), rel=1e-12)
+    assert buffers.budget.held <= 4 * 256 * 256 * 8, f"{buffers.budget.held / 2**20:.1f} MB pooled"
+
+
+@pytest.mark.parametrize("shapes", [((256, 256), (256, 256)), ((4, 64, 128), (128, 96)),
+                                    ((2, 3, 64, 48), (2, 3, 48, 80))])
+def test_matmul_into_pooled_buffers_gives_numpys_bits(shapes) -> None:
+    """Written through `out=` into pooled arrays, matmul gives the bits of numpy's own call (for
+    (..., M, K) @ (K, N) that is one GEMM over the flattened rows, as jitgrad runs it)."""
+    rng = np.random.default_rng(2)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    f = jg.trace(lambda p, q: (p @ q) * 1.0)
+    kept = [f(a, b) for _ in range(3)]
+    if b.ndim == 2:
+        expected = np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+    else:
+        expected = np.matmul(a, b)
+    assert all(np.array_equal(k, expected) for k in kept)
+    assert len({id(k if k.base is None else k.base) for k in kept}) == 3
