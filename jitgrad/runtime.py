@@ -23,7 +23,7 @@ from . import progress
 from .buffers import BufferPool, OutputBuffers
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
-from .kernels import compiler, cpu
+from .kernels import compiler, cpu, helper
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
 
@@ -109,6 +109,15 @@ class _KernelCall:
 
     def __post_init__(self) -> None:
         self.scalars = cpu.scalar_arguments(self.kernel)
+        self.helper_key: tuple | None = None  # on the first call: the kernel offered to `kernels.helper`
+
+    def guessed_signature(self, initial: list[Any]) -> tuple:
+        """numba's types of this call's arguments, guessed before the first call from the plan: its constants
+        as they are, every other array C-contiguous and writable, of its planned dtype and rank."""
+        ins = [initial[i] if initial[i] is not None else np.empty((1,) * a.aval.ndim, a.aval.dtype)
+               for i, a in zip(self.inputs, self.kernel.inputs)]
+        outs = [np.empty((1,) * o.aval.ndim, o.aval.dtype) for o in self.kernel.outputs]
+        return tuple(numba.typeof(a) for a in cpu.kernel_arguments(self.kernel, ins, outs, self.scalars))
 
     def run(self, slots: list[Any]) -> None:
         outs = self.buffers.take()
@@ -267,10 +276,12 @@ class Executable:
                 for s, copy in zip(self.output_slots, self.copy_output)]
 
     def _first_run(self, slots: list[Any]) -> None:
-        """Run every step, telling a progress reporter before each kernel (each compiles on its first run)."""
+        """Run every step, telling a progress reporter before each kernel (each compiles on its first run,
+        unless the compile helper has put it on disk meanwhile: `kernels.helper`)."""
         self.first = False
+        compile_helper = self._offer_to_helper()
         report = progress.first_call(self.label, self.kernel_count)
-        if report is None:
+        if report is None and compile_helper is None:
             run_steps(self.steps, slots)
             return
         k = 0
@@ -278,14 +289,37 @@ class Executable:
             for c, released in self.steps:
                 if isinstance(c, _KernelCall):
                     k += 1
-                    report.kernel(k)
+                    if report is not None:
+                        report.kernel(k)
+                    if c.helper_key is not None and compile_helper is not None:
+                        compile_helper.take(c.helper_key)
                 c.run(slots)
                 for i in released:
                     slots[i] = None
         except BaseException:
-            report.end(completed=False)
+            if report is not None:
+                report.end(completed=False)
             raise
-        report.end(completed=True)
+        if report is not None:
+            report.end(completed=True)
+
+    def _offer_to_helper(self) -> helper.CompileHelper | None:
+        """Offer the kernels this first call will compile to the compile helper, last first; None when it
+        is not used (too few kernels to build, or `helper.helper` is None)."""
+        compile_helper = helper.helper()
+        if compile_helper is None:
+            return None
+        jobs: dict[tuple, helper.Job] = {}
+        for c in self.calls:
+            if isinstance(c, _KernelCall):
+                job = helper.job_for(c.compiled, SERIAL, c.guessed_signature(self.initial))
+                c.helper_key = None if job is None else job.key
+                if job is not None:
+                    jobs.setdefault(job.key, job)
+        if len(jobs) < helper.MIN_KERNELS:
+            return None
+        compile_helper.offer(list(reversed(jobs.values())))
+        return compile_helper
 
     @property
     def kernel_count(self) -> int:

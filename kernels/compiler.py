@@ -294,7 +294,7 @@ class CompiledSource:
     name: str
     source: str
     functions: dict[str, Callable[..., Any]]
-    parallel: frozenset[str] = frozenset()
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # numba options per function, as `load` got them
     _counted: dict[str, int] = field(default_factory=dict)
     _background: set[tuple] = field(default_factory=set)  # (variant, signature) submitted to the background
     failed: set[str] = field(default_factory=set)
@@ -309,7 +309,7 @@ class CompiledSource:
     def call(self, variant: str, args: list[Any]) -> None:
         fn = self.functions[variant]
         before = len(fn.overloads)
-        if variant in self.parallel:
+        if self.options[variant].get("parallel"):
             _call_parallel(fn, args)
         else:
             fn(*args)
@@ -373,8 +373,7 @@ def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
             if folder is not None:
                 dispatcher._cache = DiskCache(folder, name, fname, opts)
             functions[fname] = dispatcher
-        parallel = frozenset(f for f, opts in variants.items() if opts.get("parallel"))
-        compiled = CompiledSource(name, source, functions, parallel)
+        compiled = CompiledSource(name, source, functions, variants)
         _modules[key] = compiled
         _STATS["kernels_loaded"] += 1
         return compiled
