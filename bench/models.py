@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from jitgrad import cache, fusion, passes
 from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
-from jitgrad.kernels import compiler
+from jitgrad.kernels import collector, compiler
 
 DTYPE = np.float32
 HEADS = 4
@@ -304,20 +304,24 @@ def measure_model(model: Model, s: Size, cands: list[wl.Candidate], rounds: int)
 
 def pipeline_stages(fn: Callable[..., Any], inputs: Sequence[np.ndarray], wrt: Sequence[int]) -> dict[str, float]:
     """Seconds of each stage jitgrad runs before numba compiles, built as `Traced.value_and_grad` builds
-    its program (trace, joint VJP with unit cotangent, passes.optimize, fusion.schedule), and the sizes."""
+    its program (trace, joint VJP with unit cotangent, passes.optimize, fusion.schedule, with the garbage
+    collector paused as there), and the sizes."""
     traced = jg.trace(fn)
-    t0 = time.perf_counter()
-    plan = traced.plan(*inputs)
-    t1 = time.perf_counter()
-    joint = with_unit_cotangent(joint_vjp_graph(plan.graph, plan.differentiable(list(wrt))), len(plan.graph.inputs))
-    t2 = time.perf_counter()
-    optimised = passes.optimize(joint)
-    t3 = time.perf_counter()
-    program = fusion.schedule(optimised)
-    t4 = time.perf_counter()
+    with collector.pause:  # as `Plan.built` and the trace pause it around these stages
+        t0 = time.perf_counter()
+        plan = traced.plan(*inputs)
+        t1 = time.perf_counter()
+        joint = with_unit_cotangent(joint_vjp_graph(plan.graph, plan.differentiable(list(wrt))),
+                                    len(plan.graph.inputs))
+        t2 = time.perf_counter()
+        optimised = passes.optimize(joint)
+        t3 = time.perf_counter()
+        program = fusion.schedule(optimised)
+        t4 = time.perf_counter()
+    t5 = time.perf_counter()  # after the collector's closing youngest-generation pass
     kernels = len(program.kernels)
     return {"trace_s": t1 - t0, "autodiff_s": t2 - t1, "optimize_s": t3 - t2, "fusion_s": t4 - t3,
-            "total_s": t4 - t0, "traced_eqns": len(plan.graph.eqns), "joint_eqns": len(joint.eqns),
+            "total_s": t5 - t0, "traced_eqns": len(plan.graph.eqns), "joint_eqns": len(joint.eqns),
             "optimized_eqns": len(optimised.eqns), "kernels": kernels, "host_steps": len(program.steps) - kernels}
 
 

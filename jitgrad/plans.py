@@ -24,6 +24,7 @@ from .autodiff import SplitGraphs
 from .captures import Captures
 from .errors import InputError, JitgradError
 from .ir import Graph
+from .kernels import collector
 from .progress import describe
 from .traces import trace_to_graph
 
@@ -104,7 +105,8 @@ class Plan:
             with self.lock:
                 found = self.executables.get(key)
                 if found is None:
-                    found = build()
+                    with collector.pause:
+                        found = build()
                     self.executables[key] = found
         return found
 
@@ -236,7 +238,8 @@ class PlanCache:
 
         names = self.arguments.leaf_names(sig)
         try:
-            traced = trace_to_graph(on_leaves, list(sig.avals), names, parent=None, reads_from=self.fn)
+            with collector.pause:
+                traced = trace_to_graph(on_leaves, list(sig.avals), names, parent=None, reads_from=self.fn)
         except (JitgradError, TypeError) as exc:
             hint = self.arguments.tree_hint(sig)
             if hint is None:

@@ -1,5 +1,6 @@
-"""A call that waits for a kernel to compile runs it with Python's garbage collector paused
-(`jitgrad.kernels.collector`); the collector is back as it was afterwards, from any thread."""
+"""A call that waits for a kernel to compile, or for its plan to trace, differentiate and fuse, runs it
+with Python's garbage collector paused (`jitgrad.kernels.collector`); the collector is back as it was
+afterwards, from any thread and after an error."""
 import gc
 import threading
 
@@ -94,3 +95,43 @@ def test_a_child_forked_during_a_compile_gets_the_collector_back() -> None:
     finally:
         pause.exit()
     assert gc.isenabled()
+
+
+def test_collector_off_while_tracing_and_on_after_a_trace_error() -> None:
+    seen: list[bool] = []
+
+    def loss(x):
+        seen.append(gc.isenabled())
+        return np.sum(np.sin(x) * x)
+
+    f = jg.trace(loss)
+    x = np.linspace(-1, 1, 16)
+    value, (grad,) = f.value_and_grad(x)
+    assert seen == [False] and gc.isenabled()
+    np.testing.assert_allclose(grad, np.cos(x) * x + np.sin(x), rtol=1e-12)
+
+    def broken(x):
+        seen.append(gc.isenabled())
+        return np.sum(x @ x[:3])
+
+    with pytest.raises(jg.JitgradError):
+        jg.trace(broken)(np.ones(4))
+    assert seen == [False, False] and gc.isenabled()
+
+
+def test_a_traced_cycle_is_collected_by_the_closing_pass() -> None:
+    import weakref
+
+    class Node:
+        pass
+
+    refs = []
+
+    def loss(x):
+        node = Node()
+        node.self = node  # a reference cycle the paused collector cannot free during the trace
+        refs.append(weakref.ref(node))
+        return np.sum(x * 2)
+
+    jg.trace(loss)(np.ones(3))
+    assert refs[0]() is None  # freed by the youngest-generation pass at the end of the pause
