@@ -270,12 +270,18 @@ arctan2 = ufunc_binding(np.arctan2, atan2_p)
 
 @implements(np.power)
 def power(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
-    """numpy.power; x ** 2 is x * x (the same numbers, and a cheaper gradient)."""
+    """numpy.power; x ** 2 is x * x (the same numbers, and a cheaper gradient); a float32 x ** 3 is
+    (x * x) * x, as torch computes it (its bits; within 2 ulp of the exact cube, 1.27 ulp the largest error
+    over a sweep in tests/test_product_power.py, where numpy's powf is within 1 ulp), a vectorised product
+    instead of a libm call per element."""
     if isinstance(x2, (int, float)) and not isinstance(x2, bool):
         if x2 == 2:
             return multiply(x1, x1)
         if x2 == 1:
             return elementwise(mul_p, np.multiply, x1, 1)
+        a = aval_of(x1)
+        if x2 == 3 and a.dtype == np.float32 and not a.weak:
+            return multiply(multiply(x1, x1), x1)
     return elementwise(pow_p, np.power, x1, x2)
 
 
