@@ -70,7 +70,7 @@ def row_index(k: LoopKernel) -> str:
 def is_blocked(r: Reduction) -> bool:
     """Float sums add per block in their dtype (full vector width, fixed order), then across blocks in float64.
     A count (a sum of bools cast to floats, as max's gradient counts ties) is exact in any order: its terms
-    go straight into the float64 accumulator, which is exact below 2**53 terms, as the blocks are."""
+    go straight into its int64 accumulator (`accumulator_dtype`), rounded once at the end."""
     return r.prim.reduction.blocked and r.dtype.kind == "f" and not r.counts
 
 
