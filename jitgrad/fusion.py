@@ -3,6 +3,9 @@
 Grouping is greedy: each fusible equation joins its producers' groups when the merged group still
 lowers to a valid loop nest (`lower_group`) and no other step sits between them; then sibling groups
 over the same domain that share inputs merge (one pass computes a loss and its gradients together).
+Where kernels then read back values other kernels wrote only for them, the graph is grouped once more
+with those values recomputed by their readers (`jitgrad.remat`), and the program holding less memory
+at its peak is kept.
 
 The work stays near-linear in the graph: groups further apart than MERGE_WINDOW equations are not
 merged, whether a merge would make a cycle is a depth-first search that never enters a step starting
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from . import passes, remat
 from .ir import Atom, Eqn, Graph, Var
 from .loops import HostStep, LoopKernel, NotFusible, Program, is_transparent, lower_group
 from .primitive import Kind
@@ -57,9 +61,10 @@ class _PrefixMax:
 class _Grouping:
     """Union of computing equations into groups, keeping merged groups valid loop nests and acyclic."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, recomputed: frozenset[Var] = frozenset()):
         self.graph = graph
         self.eqns = graph.eqns
+        self.recomputed = {i for i, e in enumerate(self.eqns) if e.outs and e.outs[0] in recomputed}
         self.views = {e.out: e for e in self.eqns if is_transparent(e)}
         self.computing = [i for i, e in enumerate(self.eqns) if e.prim.kind in (Kind.ELEMENTWISE, Kind.REDUCE)]
         self.group_of = {i: i for i in self.computing}
@@ -208,7 +213,7 @@ class _Grouping:
         for i in self.computing:
             for x in self.eqns[i].inputs:
                 j = self.producer_index.get(self.source(x)) if isinstance(x, Var) else None
-                if j is not None and j in self.group_of:
+                if j is not None and j in self.group_of and (i not in self.recomputed or j in self.recomputed):
                     self.try_merge(self.group_of[j], self.group_of[i])
         self.merge_siblings()
 
@@ -240,8 +245,25 @@ class _Grouping:
 
 
 def schedule(graph: Graph) -> Program:
-    """Group `graph` into kernels and host steps, ordered so each step follows its inputs' producers."""
-    grouping = _Grouping(graph)
+    """Group `graph` into kernels and host steps, ordered so each step follows its inputs' producers; then,
+    where kernels read back values other kernels wrote only for them, the same with those values
+    recomputed by their readers (`jitgrad.remat`), if that lowers the peak memory without more kernels."""
+    program = _grouped(graph, frozenset())
+    rewrite = remat.recompute_plan(graph, program)
+    if rewrite is None:
+        return program
+    candidate = _grouped(passes.dce(rewrite.graph), frozenset(rewrite.recomputed))
+    candidate.fusion_work += program.fusion_work
+    if len(candidate.kernels) <= len(program.kernels) and remat.peak_bytes(candidate) < remat.peak_bytes(program):
+        return candidate
+    program.fusion_work = candidate.fusion_work
+    return program
+
+
+def _grouped(graph: Graph, recomputed: frozenset[Var]) -> Program:
+    """`graph` grouped into kernels and host steps; equations computing `recomputed` values join only
+    their readers' groups (and each other's), never their producers'."""
+    grouping = _Grouping(graph, recomputed)
     grouping.run()
     steps: list[LoopKernel | HostStep] = [grouping.lower(m) for m in grouping.members.values()]
     host = [e for e in graph.eqns if e.prim.kind not in (Kind.ELEMENTWISE, Kind.REDUCE) and e.out not in grouping.views]
