@@ -244,3 +244,49 @@ def test_counts_add_without_blocks_and_give_the_blocked_sums_bits(dtype, monkeyp
     want = pooled_ties(x)
     assert got[0].dtype == dtype and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert got[0].max() > 1  # the test has ties
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pooling_maxima_are_lane_kernels_with_the_row_kernels_bits(dtype, monkeypatch) -> None:
+    """A 2x2 max-pool of (B, H, 2, W, 2, C) with the tie count its gradient needs: reductions exact in any
+    order over middle axes with the channels kept last run as a lane kernel (one accumulator per channel,
+    channels innermost). Signed zeros (all-zero windows after a ReLU, all -0.0 ones), NaN, inf and ties
+    come out as numpy's, in both variants and as the row kernel, which the test forces by switching lane
+    kernels off."""
+    rng = np.random.default_rng(5)
+    x = np.maximum(rng.standard_normal((3, 8, 2, 8, 2, 9)), 0).astype(dtype)
+    x[0, :4] = 0.0
+    x[1, 1, :, 2, :, 3] = -0.0
+    x[1, 2, 0, 3, 1, 4] = np.nan
+    x[2, 0, 1, 0, 0, 5] = np.inf
+    x[2, 3, :, 3, :, :] = 1.5
+
+    def pool(a):
+        m = np.max(a, axis=(2, 4), keepdims=True)
+        return m, np.sum((a == m).astype(a.dtype), axis=(2, 4))
+
+    program = fusion.schedule(passes.optimize(jg.trace(pool).plan(x).graph))
+    (kernel,) = program.kernels
+    assert cpu.is_lane_kernel(kernel) and not cpu.is_column_kernel(kernel)
+    assert "_v[u5]" in cpu.generate(kernel, "k")
+    serial, parallel = _both_variants(kernel, [x])
+    assert all(np.array_equal(s, p, equal_nan=True) for s, p in zip(serial, parallel))
+    monkeypatch.setattr(cpu, "is_lane_kernel", lambda k: False)
+    assert "_v[u5]" not in cpu.generate(kernel, "k")
+    (rows_serial, _) = _both_variants(kernel, [x])
+    assert all(np.array_equal(s, r, equal_nan=True) for s, r in zip(serial, rows_serial))
+    with np.errstate(invalid="ignore"):
+        expected_max, expected_count = pool(x)
+    got_max = serial[0].reshape(expected_max.shape)
+    np.testing.assert_array_equal(got_max, expected_max)
+    assert np.array_equal(np.signbit(got_max), np.signbit(expected_max))
+    np.testing.assert_array_equal(serial[1].reshape(expected_count.shape), expected_count)
+
+
+def test_lane_kernels_leave_float_sums_to_row_and_column_kernels() -> None:
+    x = np.ones((4, 6, 8), np.float32)
+    for fn in (lambda a: np.sum(a, axis=1), lambda a: np.max(a, axis=2), lambda a: np.sum(a, axis=(0, 1))):
+        program = fusion.schedule(passes.optimize(jg.trace(fn).plan(x).graph))
+        assert not any(cpu.is_lane_kernel(k) for k in program.kernels)
+    program = fusion.schedule(passes.optimize(jg.trace(lambda a: np.max(a, axis=1)).plan(x).graph))
+    assert [cpu.is_lane_kernel(k) for k in program.kernels] == [True]
