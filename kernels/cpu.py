@@ -31,8 +31,8 @@ from jitgrad.loops import Compute, LoopKernel, Reduction, Stage
 from jitgrad.kernels import carry
 from jitgrad.kernels.common import accumulator_dtype, argument_names, identity_literal, numba_type
 from jitgrad.kernels.cpu_columns import emit_columns, emit_lanes, is_column_kernel, is_lane_kernel
-from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LoopWriter, body_slice, emit_accumulate, emit_body,
-                                      emit_stores, is_blocked, order_dependent, rescans_zero, row_index)
+from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LoopWriter, emit_accumulate, emit_body, emit_stores,
+                                      emit_zero_rescan, is_blocked, order_dependent, row_index)
 
 __all__ = ["BLOCK", "PARALLEL_MIN_SIZE", "generate", "is_blocked", "is_column_kernel", "is_lane_kernel",
            "kernel_arguments", "module_source", "scalar_arguments"]
@@ -108,27 +108,12 @@ def _sums_carried(r: Reduction, c: carry.Carry) -> bool:
     return c.src == r.src and c.dtype == r.dtype
 
 
-def _emit_zero_rescan(w: LoopWriter, k: LoopKernel, depth: int, stage: Stage) -> None:
-    """A float max/min that came out zero is recomputed with numpy's sequential rule (ties take the
-    later element), so -0.0 and +0.0 come out as numpy's; other results are order-independent."""
-    for r in stage.reductions:
-        if not rescans_zero(r):
-            continue
-        w.line(depth, f"if {r.acc}_ == 0:")
-        w.line(depth + 1, f"{r.acc}_ = {identity_literal(r)}")
-        inner = depth + 1
-        for a in k.reduce_axes:
-            inner = w.loop(inner, a, f"n{a}")
-        emit_body(w, k, inner, body_slice(stage.body, r.src))
-        emit_accumulate(w, inner, r, f"{r.acc}_", r.src, exact=True)
-
-
 def _emit_stage_rows(w: LoopWriter, k: LoopKernel, depth: int, stage: Stage, carries: list[carry.Carry]) -> None:
     """A stage for one kept point: accumulators, loops over the reduced axes, final casts."""
     for r in stage.reductions:
         w.line(depth, f"{r.acc}_ = {identity_literal(r)}")
     _emit_pass(w, k, depth, stage, [(a, "0", f"n{a}") for a in k.reduce_axes], carries)
-    _emit_zero_rescan(w, k, depth, stage)
+    emit_zero_rescan(w, k, depth, stage)
     for r in stage.reductions:
         w.line(depth, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
@@ -171,7 +156,7 @@ def _emit_stage_chunked(w: LoopWriter, k: LoopKernel, stage: Stage, parallel: bo
         w.line(1, f"{r.acc}_ = {identity_literal(r)}")
         w.line(1, "for ch in range(nc):")
         emit_accumulate(w, 2, r, f"{r.acc}_", f"{r.acc}_p[ch]")
-    _emit_zero_rescan(w, k, 1, stage)
+    emit_zero_rescan(w, k, 1, stage)
     for r in stage.reductions:
         w.line(1, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 

@@ -10,8 +10,8 @@ import numpy as np
 from jitgrad.loops import LoopKernel, Reduction
 from jitgrad.kernels import carry
 from jitgrad.kernels.common import accumulator_dtype, identity_literal, numba_type
-from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LANES, LoopWriter, body_slice, emit_accumulate, emit_body,
-                                      emit_stores, is_blocked, order_dependent, rescans_zero)
+from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LANES, LoopWriter, emit_accumulate, emit_body, emit_stores,
+                                      emit_zero_rescan, is_blocked, order_dependent, rescans_zero)
 
 COLUMN_TILE = 256  # columns a column kernel sums at once (its lane sums: 64 KiB)
 
@@ -133,18 +133,13 @@ def emit_lanes(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
             emit_accumulate(w, body, r, f"{r.acc}_v[u{last}]", r.src)
         emit_stores(w, k, body, stage.stores)
         column = w.loop(depth, last, f"n{last}")
+        if any(rescans_zero(r) for r in stage.reductions):
+            finished(column)  # a rescan recomputes the terms, which may read earlier passes' results
         for r in stage.reductions:
-            if rescans_zero(r):
-                w.line(column, f"if {r.acc}_v[u{last}] == 0:")
-                w.line(column + 1, f"{r.acc}_ = {identity_literal(r)}")
-                rescan = column + 1
-                for a in reduced:
-                    rescan = w.loop(rescan, a, f"n{a}")
-                finished(rescan)
-                emit_body(w, k, rescan, body_slice(stage.body, r.src))
-                emit_accumulate(w, rescan, r, f"{r.acc}_", r.src, exact=True)
-                w.line(column + 1, f"{r.acc}_v[u{last}] = {r.acc}_")
-            w.line(column, f"{r.acc}_f[u{last}] = {numba_type(r.dtype)}({r.acc}_v[u{last}])")
+            w.line(column, f"{r.acc}_ = {r.acc}_v[u{last}]")
+        emit_zero_rescan(w, k, column, stage)
+        for r in stage.reductions:
+            w.line(column, f"{r.acc}_f[u{last}] = {numba_type(r.dtype)}({r.acc}_)")
         done.extend(stage.reductions)
     column = w.loop(depth, last, f"n{last}")
     finished(column)

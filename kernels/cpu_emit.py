@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from jitgrad.loops import Compute, Load, LoopKernel, Reduction, Store
+from jitgrad.loops import Compute, Load, LoopKernel, Reduction, Stage, Store
 from jitgrad.kernels import carry
-from jitgrad.kernels.common import Writer, accumulator_dtype, expression, index_text, numba_type
+from jitgrad.kernels.common import Writer, accumulator_dtype, expression, identity_literal, index_text, numba_type
 
 CHUNKS = 64  # parallel chunks of a full reduction
 BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
@@ -77,3 +77,19 @@ def body_slice(body: list, name: str) -> list:
             if isinstance(st, Compute):
                 needed.update(st.args)
     return kept[::-1]
+
+
+def emit_zero_rescan(w: LoopWriter, k: LoopKernel, depth: int, stage: Stage) -> None:
+    """A float max/min that came out zero is recomputed with numpy's sequential rule (ties take the
+    later element), so -0.0 and +0.0 come out as numpy's; other results are order-independent. Reads and
+    writes each accumulator as `<acc>_`."""
+    for r in stage.reductions:
+        if not rescans_zero(r):
+            continue
+        w.line(depth, f"if {r.acc}_ == 0:")
+        w.line(depth + 1, f"{r.acc}_ = {identity_literal(r)}")
+        inner = depth + 1
+        for a in k.reduce_axes:
+            inner = w.loop(inner, a, f"n{a}")
+        emit_body(w, k, inner, body_slice(stage.body, r.src))
+        emit_accumulate(w, inner, r, f"{r.acc}_", r.src, exact=True)
