@@ -83,13 +83,14 @@ class _Grouping:
             if e.out in self.views:
                 continue
             for a in e.inputs:
-                if isinstance(a, Var):
-                    self.readers.setdefault(self.source(a), set()).add(i)
+                for x in self.sources(a):
+                    if isinstance(x, Var):
+                        self.readers.setdefault(x, set()).add(i)
         for v in outputs:
             if self.only_squeezes(v):
-                self.squeezed.setdefault(self.source(v), []).append(v)
+                self.squeezed.setdefault(self.sources(v)[0], []).append(v)
             else:
-                self.escapes.add(self.source(v))
+                self.escapes.update(self.sources(v))
 
     def only_squeezes(self, v: Var) -> bool:
         """Is `v` a chain of views of another value that only drop or add length-1 axes (same data order)?"""
@@ -104,11 +105,19 @@ class _Grouping:
             v = e.inputs[0]
         return True
 
-    def source(self, v: Atom) -> Atom:
-        """The value a chain of transparent views reads from."""
-        while isinstance(v, Var) and v in self.views:
-            v = self.views[v].inputs[0]
-        return v
+    def sources(self, v: Atom) -> list[Atom]:
+        """The values a chain of transparent views reads from (one, or a concatenate's operands)."""
+        if not (isinstance(v, Var) and v in self.views):
+            return [v]
+        found: dict[int, Atom] = {}
+        stack = [v]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, Var) and x in self.views:
+                stack.extend(reversed(self.views[x].inputs))
+            else:
+                found.setdefault(id(x), x)
+        return list(found.values())
 
     def outputs_of(self, members: Sequence[int], store_squeezed: bool) -> list[Var]:
         """What a group writes: values read outside it or returned. With `store_squeezed`, a value returned
@@ -212,9 +221,10 @@ class _Grouping:
     def run(self) -> None:
         for i in self.computing:
             for x in self.eqns[i].inputs:
-                j = self.producer_index.get(self.source(x)) if isinstance(x, Var) else None
-                if j is not None and j in self.group_of and (i not in self.recomputed or j in self.recomputed):
-                    self.try_merge(self.group_of[j], self.group_of[i])
+                for src in self.sources(x):
+                    j = self.producer_index.get(src) if isinstance(src, Var) else None
+                    if j is not None and j in self.group_of and (i not in self.recomputed or j in self.recomputed):
+                        self.try_merge(self.group_of[j], self.group_of[i])
         self.merge_siblings()
 
     def _inputs(self, g: int) -> set[Any]:
@@ -222,9 +232,9 @@ class _Grouping:
         found = self.input_cache.get(g)
         if found is None:
             inside = set(self.members[g])
-            found = self.input_cache[g] = {self.source(a) for i in self.members[g] for a in self.eqns[i].inputs
-                                           if isinstance(a, Var) and self.producer_index.get(self.source(a))
-                                           not in inside}
+            found = self.input_cache[g] = {x for i in self.members[g] for a in self.eqns[i].inputs
+                                           for x in self.sources(a)
+                                           if isinstance(x, Var) and self.producer_index.get(x) not in inside}
         return found
 
     def merge_siblings(self) -> None:
@@ -281,7 +291,7 @@ def _views_needed_on_host(graph: Graph, views: dict[Var, Eqn], host: list[Eqn], 
         v = stack.pop()
         if isinstance(v, Var) and v in views and v not in written and id(views[v]) not in needed:
             needed.add(id(views[v]))
-            stack.append(views[v].inputs[0])
+            stack.extend(views[v].inputs)
     return needed
 
 

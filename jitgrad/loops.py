@@ -15,10 +15,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .ir import Atom, Eqn, Graph, Literal, Var
-from .primitive import Kind, Primitive
+from .ir import Atom, Aval, Eqn, Graph, Literal, Var
+from .primitive import Kind, Offset, Primitive, entry_axis
 
-Index = tuple  # per array axis: a domain axis number (the loop variable) or None (index 0)
+Index = tuple  # per array axis: a domain axis number (the loop variable), None (index 0) or an `Offset`
 
 
 class NotFusible(Exception):
@@ -40,6 +40,30 @@ class Compute:
     params: dict[str, Any]
     dtype: np.dtype
     value: tuple = ()  # (var id, index): equal in two passes when both compute the same value
+
+
+@dataclass
+class Branch:
+    """`dst` = the value of the first case whose bounds all hold, computed by that case's own statements; the
+    `otherwise` scalar where none holds (None: the cases cover every point, and a last case without bounds
+    is the rest). A bound (entry, lo, hi) holds where lo <= the entry's position < hi. Region reads: a pad
+    reads its input inside the region and its fill value outside, a concatenate reads the operand whose
+    range holds the position. A case's statements read only the loop variables, scalars and accumulators."""
+
+    dst: str
+    cases: list[tuple[tuple, list, str]]  # (bounds, statements, the name holding the case's value)
+    otherwise: str | None
+
+
+def statements(body: list) -> list:
+    """Every statement of `body`, those inside branches included."""
+    found = []
+    for st in body:
+        found.append(st)
+        if isinstance(st, Branch):
+            for _, sub, _ in st.cases:
+                found.extend(statements(sub))
+    return found
 
 
 @dataclass
@@ -119,13 +143,16 @@ def view_index(e: Eqn, index: Index) -> Index:
 
 
 class _LoopBuilder:
-    """Builds a LoopKernel from a group of equations by walking from the group's outputs."""
+    """Builds a LoopKernel from a group of equations by walking from the group's outputs (with `domain`
+    given and no equations: a copy kernel writing views of arrays)."""
 
-    def __init__(self, eqns: list[Eqn], outputs: list[Var], views: dict[Var, Eqn]):
+    def __init__(self, eqns: list[Eqn], outputs: list[Var], views: dict[Var, Eqn],
+                 domain: tuple[int, ...] | None = None):
         self.eqns = eqns
         self.producer = {o: e for e in eqns for o in e.outs}
         self.views = views
-        self.domain, self.reduce_axes = self._domain()
+        self.domain, self.reduce_axes = self._domain() if domain is None else (domain, ())
+        self.fills: dict[tuple, Literal] = {}
         n = len(self.domain)
         self.kept = tuple(a for a in range(n) if a not in self.reduce_axes)
         self.full_index = _canonical_index(self.domain, range(n))
@@ -194,12 +221,14 @@ class _LoopBuilder:
             return self.memo[key]
         e = (self.producer.get(a) or self.views.get(a)) if isinstance(a, Var) else None
         if e is None:
-            if stage is None and any(i in self.reduce_axes for i in index if i is not None):
+            if stage is None and any(entry_axis(i) in self.reduce_axes for i in index if i is not None):
                 raise NotFusible("a per-row value reads along a reduced axis")
             if not any(x is a for x in self.inputs):
                 self.inputs.append(a)
             name = self.fresh("v")
             body.append(Load(name, next(k for k, x in enumerate(self.inputs) if x is a), index))
+        elif e.prim.select_map is not None:
+            name = self.selected(e, index, body, stage)
         elif e.prim.kind is Kind.VIEW:
             name = self.value(e.inputs[0], view_index(e, index), body, stage)
         elif e.prim.kind is Kind.REDUCE:
@@ -212,6 +241,44 @@ class _LoopBuilder:
             raise NotFusible(e.prim.name)
         self.memo[key] = name
         return name
+
+    def selected(self, e: Eqn, index: Index, body: list, stage: int | None) -> str:
+        """A region read (`Primitive.select_map`): the operand whose bounds hold at `index`, else the fill.
+        Bounds on fixed positions are decided here; a read that is one case everywhere is a plain one."""
+        found = e.prim.select_map(e, index)
+        if found is None:
+            raise NotFusible(f"{e.prim.name} is not read through here")
+        cases, fill = found
+        live = []
+        for bounds, k, inner in cases:
+            dynamic = _dynamic_bounds(bounds)
+            if dynamic is None:
+                continue
+            live.append((dynamic, k, inner))
+            if not dynamic:
+                fill = None  # this case holds wherever the earlier ones do not
+                break
+        if live and fill is None:
+            live[-1] = ((),) + live[-1][1:]  # the cases cover every point: the last one is the rest
+        if live and not live[0][0]:
+            return self.value(e.inputs[live[0][1]], live[0][2], body, stage)
+        otherwise = None if fill is None else self.value(self.fill(fill, e.out.aval.dtype), (), body, stage)
+        if not live:
+            return otherwise
+        branches = []
+        for bounds, k, inner in live:
+            sub: list = []
+            branches.append((bounds, sub, self.value(e.inputs[k], inner, sub, stage)))
+        name = self.fresh("t")
+        body.append(Branch(name, branches, otherwise))
+        return name
+
+    def fill(self, value: Any, dtype: np.dtype) -> Literal:
+        """The scalar constant a region read gives outside its operands (one per value and dtype)."""
+        key = (np.dtype(dtype).str, repr(value))
+        if key not in self.fills:
+            self.fills[key] = Literal(np.asarray(value, dtype), Aval((), np.dtype(dtype)))
+        return self.fills[key]
 
     def accumulator(self, e: Eqn, index: Index) -> str:
         canonical = _canonical_index(e.out.aval.shape, range(len(self.domain)))
@@ -255,8 +322,30 @@ def lower_group(eqns: list[Eqn], outputs: list[Var], views: dict[Var, Eqn]) -> L
     return _LoopBuilder(eqns, outputs, views).build()
 
 
+def view_kernel(v: Var, views: dict[Var, Eqn]) -> LoopKernel:
+    """A kernel writing `v` (contiguous) by reading through the transparent `views` that make it."""
+    return _LoopBuilder([], [v], views, v.aval.shape).build()
+
+
+def _dynamic_bounds(bounds: tuple) -> tuple | None:
+    """The bounds that depend on a loop variable; None if a bound on a fixed position fails."""
+    dynamic = []
+    for entry, lo, hi in bounds:
+        if entry_axis(entry) is None:
+            position = entry.start if isinstance(entry, Offset) else 0
+            if not lo <= position < hi:
+                return None
+        else:
+            dynamic.append((entry, lo, hi))
+    return tuple(dynamic)
+
+
 def is_transparent(e: Eqn) -> bool:
-    """Views that only move indices are read through by kernels instead of being executed."""
+    """Views that only move indices, and region reads (pads, concatenates) kernels can select from, are
+    read through by kernels instead of being executed."""
+    identity = tuple(range(e.outs[0].aval.ndim)) if e.outs else ()
+    if e.prim.select_map is not None:
+        return e.prim.select_map(e, identity) is not None
     if e.prim.kind is not Kind.VIEW or e.prim.index_map is None:
         return False
-    return e.prim.index_map(e, tuple(range(e.outs[0].aval.ndim))) is not None
+    return e.prim.index_map(e, identity) is not None

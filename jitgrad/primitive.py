@@ -26,9 +26,40 @@ class Kind(enum.Enum):
 
     ELEMENTWISE = "elementwise"  # per point, operands of one shape: fused into loop nests
     REDUCE = "reduce"  # accumulates over axes (kept as length 1): fused, as a pass over the reduced axes
-    VIEW = "view"  # moves indices only (broadcast, reshape, transpose): read through by kernels
+    VIEW = "view"  # moves indices only (broadcast, reshape, transpose, slice): read through by kernels
     HOST = "host"  # runs its numpy reference on whole arrays between kernels (BLAS, slicing, gathers)
     CALL = "call"  # holds a subgraph (a custom Function): inlined before fusion
+
+
+@dataclass(frozen=True)
+class Offset:
+    """An index entry that moves a loop variable: position `start + step * i<axis>` along an array axis
+    (`axis` None: the fixed position `start`). A view's index map returns these where it reads its input
+    at other positions than its output's (a slice); plain entries are an int (the loop variable) or
+    None (position 0)."""
+
+    axis: int | None
+    start: int
+    step: int
+
+
+def shifted(entry: int | Offset | None, start: int, step: int) -> int | Offset | None:
+    """The entry for position `start + step * p`, where `entry` stands for position p; in its plainest form."""
+    if entry is None:
+        axis, s0, t0 = None, 0, 0
+    elif isinstance(entry, Offset):
+        axis, s0, t0 = entry.axis, entry.start, entry.step
+    else:
+        axis, s0, t0 = entry, 0, 1
+    s, t = start + step * s0, step * t0
+    if axis is None or t == 0:
+        return None if s == 0 else Offset(None, s, 0)
+    return axis if (s, t) == (0, 1) else Offset(axis, s, t)
+
+
+def entry_axis(entry: int | Offset | None) -> int | None:
+    """The loop variable an index entry moves with (None: a fixed position)."""
+    return entry.axis if isinstance(entry, Offset) else entry
 
 
 @dataclass(frozen=True)
@@ -90,8 +121,14 @@ class Primitive:
     lowering: dict[str, Lowering] = field(default_factory=dict)
     costly: bool = False  # worth keeping rather than recomputing in a later pass of a kernel
     reduction: Reduction | None = None
-    # Views: the index into the input read at an index into the output (None if the view regroups axes).
+    # Views: the index into the input read at an index into the output (None if the view regroups axes);
+    # entries are loop variables (int), position 0 (None) or moved positions (`Offset`).
     index_map: Callable[[Eqn, tuple], tuple | None] | None = None
+    # Region reads (pad, concatenate), read through by kernels: at an index into the output, the cases
+    # (bounds, operand position, index into that operand) tried in order (a bound (entry, lo, hi) holds where
+    # lo <= the entry's position < hi), and the value where none holds (None: they cover every point); None
+    # where the equation cannot be read so (a pad with interior steps).
+    select_map: Callable[[Eqn, tuple], tuple[list[tuple[tuple, int, tuple]], Any] | None] | None = None
     # An exact rewrite (x * 1 -> x): given the equation, a function telling an atom's value where it is one
     # number everywhere, and one giving an atom's producing equation; returns an atom, an equation or None.
     simplify: Callable[[Eqn, Callable[[Atom], Any], Callable[[Atom], Eqn | None]], Atom | Eqn | None] | None = None

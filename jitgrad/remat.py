@@ -35,7 +35,7 @@ def recompute_plan(graph: Graph, program: Program) -> Rewrite | None:
     """Copies of the elementwise equations behind each value that kernels write only for other kernels,
     placed before each reading kernel's first use of it; None when no value qualifies."""
     producers = {o: e for e in graph.eqns for o in e.outs}
-    views = {o: e for o, e in producers.items() if is_transparent(e)}
+    views = {o: e for o, e in producers.items() if is_transparent(e) and len(e.inputs) == 1}  # not concatenates
     written: dict[Var, int] = {}
     read_by_host = {a for a in graph.outputs if isinstance(a, Var)}
     kernel_of_eqn: dict[int, int] = {}

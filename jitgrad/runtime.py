@@ -3,7 +3,7 @@
 An `Executable` keeps every value in a slot list; kernel steps allocate their outputs and call a
 numba dispatcher (the serial variant for small domains; for large ones whichever of serial and
 parallel proved faster on the first calls), host steps
-call the primitive's numpy reference (BLAS for matmul, views for reshapes). Outputs never alias
+call the primitive's numpy reference (BLAS for matmul, views for reshapes and slices). Outputs never alias
 inputs or each other: anything that would is copied. Kernel output buffers are recycled between
 calls, and within a call by later outputs of the same shape, only when nothing else still references
 them (`jitgrad.buffers`).
@@ -23,6 +23,7 @@ from . import progress
 from .buffers import BufferPool, OutputBuffers
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
+from .primitive import Kind
 from .kernels import compiler, cpu, helper
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
@@ -106,6 +107,7 @@ class _KernelCall:
     inputs: list[int]
     outputs: list[int]
     buffers: OutputBuffers
+    contiguous: tuple[int, ...] = ()  # inputs host views make (a reshape of a slice may be strided): copied if so
 
     def __post_init__(self) -> None:
         self.scalars = cpu.scalar_arguments(self.kernel)
@@ -121,7 +123,10 @@ class _KernelCall:
 
     def run(self, slots: list[Any]) -> None:
         outs = self.buffers.take()
-        args = cpu.kernel_arguments(self.kernel, [slots[i] for i in self.inputs], outs, self.scalars)
+        arrays = [slots[i] for i in self.inputs]
+        for p in self.contiguous:
+            arrays[p] = np.ascontiguousarray(arrays[p])
+        args = cpu.kernel_arguments(self.kernel, arrays, outs, self.scalars)
         variant = self.chooser.next()
         if self.chooser.choice is not None:
             self.compiled.call(variant, args)
@@ -238,6 +243,8 @@ class Executable:
         self._slot = self.table.slot
         self.buffers = BufferPool()
         self.n_inputs = len(graph.inputs)
+        self.host_views = {o for s in program.steps if isinstance(s, HostStep) and s.eqn.prim.kind is Kind.VIEW
+                           for o in s.eqn.outs}
         self.calls: list[_KernelCall | _HostCall] = [self._bind(s) for s in program.steps]
         self.output_slots = [self._slot(a) for a in graph.outputs]
         self.initial = self.table.initial
@@ -261,7 +268,8 @@ class Executable:
         size = int(np.prod(step.domain, dtype=np.int64))
         site = self.buffers.site([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs])
         return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],
-                           [self._slot(o) for o in step.outputs], site)
+                           [self._slot(o) for o in step.outputs], site,
+                           tuple(p for p, a in enumerate(step.inputs) if a in self.host_views))
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         slots = list(self.initial)

@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda
 
 from .errors import UnsupportedError
-from .loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_index
+from .loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_kernel
 from .ir import Atom, Aval, Var
 from .kernels import cuda as kc
 from .ops.linalg import matmul_p
@@ -309,8 +309,8 @@ class CudaExecutable:
         if e.prim is matmul_p:
             return _MatmulCall(e.inputs[0].aval, e.inputs[1].aval, e.out.aval, ins, outs)
         if is_transparent(e):
-            gather = gather_kernel(e.inputs[0], e.out, view_index(e, identity_index(e.out.aval)))
-            return _KernelCall(CompiledKernel(gather), ins, outs, fused=False)
+            copy = view_kernel(e.out, {e.out: e})
+            return _KernelCall(CompiledKernel(copy), [self._slot(a) for a in copy.inputs], outs, fused=False)
         if e.prim.kind is Kind.VIEW:  # a view that regroups axes: a contiguous copy, then numpy's reshape
             return _ReshapeCall(_Contiguous(e.inputs[0].aval), e.out.aval.shape, ins, outs)
         return _HostCall(e.prim.impl, dict(e.params), ins, outs)

@@ -4,10 +4,12 @@ names, and a line writer."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
-from jitgrad.loops import Compute, LoopKernel, Reduction
+from jitgrad.loops import Branch, Compute, LoopKernel, Reduction
+from jitgrad.primitive import Offset
 
 
 def numba_type(dtype: np.dtype) -> str:
@@ -51,11 +53,39 @@ def combine(r: Reduction, acc: str, value: str) -> str:
     return r.prim.reduction.combine.format(acc, f"{numba_type(accumulator_dtype(r))}({value})")
 
 
+def position_text(entry: int | Offset | None, var: str) -> str:
+    """One axis of an array access: loop variable `<var><axis>`, 0, or a moved position (`Offset`). With
+    the unsigned loop copies (`var` "u") the arithmetic stays unsigned: a position read is never negative
+    (a region read tests its bounds before it reads)."""
+    if entry is None:
+        return "0"
+    if not isinstance(entry, Offset):
+        return f"{var}{entry}"
+    if entry.axis is None:
+        return str(entry.start)
+    if var != "u":
+        return f"({var}{entry.axis} * {entry.step} + {entry.start})"
+    moved = f"u{entry.axis}" if abs(entry.step) == 1 else f"u{entry.axis} * np.uint64({abs(entry.step)})"
+    if entry.step < 0:
+        return f"(np.uint64({entry.start}) - {moved})"
+    if entry.start < 0:  # inside a region read's bounds, where the position is at least -start
+        return f"({moved} - np.uint64({-entry.start}))"
+    return moved if entry.start == 0 else f"({moved} + np.uint64({entry.start}))"
+
+
+def bounds_text(bounds: tuple, var: str = "i") -> str:
+    """The test that a point lies inside a region read's case: lo <= position < hi for each bound, in the
+    signed loop variables `<var><axis>`."""
+    return " and ".join(f"{position_text(entry, var)} < {hi}" if lo <= 0 and not isinstance(entry, Offset)
+                        else f"{lo} <= {position_text(entry, var)} < {hi}" for entry, lo, hi in bounds)
+
+
 def index_text(index: tuple, rank: int, var: str = "i") -> str:
-    """Index expression of an array access: loop variables `<var><axis>`, 0 along broadcast axes."""
+    """Index expression of an array access: loop variables `<var><axis>`, 0 along broadcast axes, moved
+    positions where a view reads at an offset."""
     if rank == 0:
         return "0"
-    return ", ".join(f"{var}{a}" if a is not None else "0" for a in index)
+    return ", ".join(position_text(a, var) for a in index)
 
 
 def argument_names(k: LoopKernel) -> list[str]:
@@ -72,3 +102,17 @@ class Writer:
 
     def line(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
+
+
+def emit_branch(w: Writer, depth: int, st: Branch, emit: Callable[[int, list], None]) -> None:
+    """A region read as if/elif/else on the signed loop variables; `emit` writes a case's statements."""
+    for n, (bounds, sub, value) in enumerate(st.cases):
+        if bounds:
+            w.line(depth, f"{'if' if n == 0 else 'elif'} {bounds_text(bounds)}:")
+        else:  # the last case: every point the others leave
+            w.line(depth, "else:")
+        emit(depth + 1, sub)
+        w.line(depth + 1, f"{st.dst} = {value}")
+    if st.otherwise is not None:
+        w.line(depth, "else:")
+        w.line(depth + 1, f"{st.dst} = {st.otherwise}")

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jitgrad.loops import Compute, LoopKernel, Reduction, Stage
+from jitgrad.loops import Compute, LoopKernel, Reduction, Stage, statements
 from jitgrad.kernels import carry
 from jitgrad.kernels.common import accumulator_dtype, argument_names, identity_literal, numba_type
 from jitgrad.kernels.cpu_columns import emit_columns, emit_lanes, is_column_kernel, is_lane_kernel
@@ -47,7 +47,7 @@ def helper_imports(k: LoopKernel) -> list[str]:
     """`from module import name` lines for the helpers the kernel's expressions and reductions call."""
     wanted: set[str] = set()
     for stage in k.stages:
-        for st in stage.body:
+        for st in statements(stage.body):
             if isinstance(st, Compute):
                 wanted.update(st.prim.lowering["cpu"].imports)
         for r in stage.reductions:
@@ -56,7 +56,8 @@ def helper_imports(k: LoopKernel) -> list[str]:
                 wanted.update(vector.imports)
             if is_blocked(r):
                 wanted.add(BLOCK_SUM)
-    wanted.update(name for st in k.epilogue if isinstance(st, Compute) for name in st.prim.lowering["cpu"].imports)
+    wanted.update(name for st in statements(k.epilogue) if isinstance(st, Compute)
+                  for name in st.prim.lowering["cpu"].imports)
     by_module: dict[str, list[str]] = {}
     for dotted in sorted(wanted):
         module, _, name = dotted.rpartition(".")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jitgrad.loops import Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
 from jitgrad.kernels import carry
-from jitgrad.kernels.common import Writer, accumulator_dtype, expression, identity_literal, index_text, numba_type
+from jitgrad.kernels.common import (Writer, accumulator_dtype, emit_branch, expression, identity_literal, index_text,
+                                    numba_type)
 
 CHUNKS = 64  # parallel chunks of a full reduction
 BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
@@ -44,12 +45,15 @@ class LoopWriter(Writer):
         return depth + 1
 
 
-def emit_body(w: LoopWriter, k: LoopKernel, depth: int, body: list[Load | Compute | carry.ScratchLoad]) -> None:
+def emit_body(w: LoopWriter, k: LoopKernel, depth: int, body: list[Load | Compute | Branch | carry.ScratchLoad]
+              ) -> None:
     for st in body:
         if isinstance(st, Load):
             w.line(depth, f"{st.dst} = a{st.input}[{index_text(st.index, k.inputs[st.input].aval.ndim, 'u')}]")
         elif isinstance(st, carry.ScratchLoad):
             w.line(depth, f"{st.dst} = {st.array}[{row_index(k)}]")
+        elif isinstance(st, Branch):
+            emit_branch(w, depth, st, lambda d, sub: emit_body(w, k, d, sub))
         else:
             w.line(depth, f"{st.dst} = {expression(st, 'cpu')}")
 

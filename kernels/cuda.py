@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jitgrad.loops import Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
 
-from .common import Writer, accumulator_dtype, combine, expression, identity_literal, index_text, numba_type
+from .common import (Writer, accumulator_dtype, combine, emit_branch, expression, identity_literal, index_text,
+                     numba_type)
 from .common import argument_names as kernel_arguments
 
 THREADS = 256  # most threads in a block; shared buffers have this length
@@ -82,11 +83,13 @@ class _Emitter:
     target: str
     w: Writer
 
-    def body(self, depth: int, body: list[Load | Compute]) -> None:
+    def body(self, depth: int, body: list[Load | Compute | Branch]) -> None:
         for st in body:
             if isinstance(st, Load):
                 rank = self.k.inputs[st.input].aval.ndim
                 self.w.line(depth, f"{st.dst} = a{st.input}[{index_text(st.index, rank)}]")
+            elif isinstance(st, Branch):
+                emit_branch(self.w, depth, st, self.body)
             else:
                 self.w.line(depth, f"{st.dst} = {scalar_expression(st, self.target)}")
 

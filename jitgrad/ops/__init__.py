@@ -3,7 +3,7 @@ promotion and axis conventions; composites (sigmoid, softmax, logsumexp...) writ
 so they fuse and differentiate with no rule of their own.
 
 Importing the package registers every op (`jitgrad.dispatch`); the modules import only those
-before them: core, elementwise, elementwise_more, shapes, reductions, activations, indexing, linalg, constants.
+before them: core, elementwise, elementwise_more, regions, shapes, reductions, activations, indexing, linalg, constants.
 """
-from . import (core, elementwise, elementwise_more, shapes, reductions, activations, indexing, linalg,  # noqa: F401
+from . import (core, elementwise, elementwise_more, regions, shapes, reductions, activations, indexing, linalg,  # noqa: F401
                decompositions, building, constants, scans, sorting)

@@ -16,8 +16,9 @@ from ..tracing import Tracer, constant_of, where_text
 from .core import ArrayLike, aval_of, broadcast_shapes, broadcast_to, convert, normalize_axes, result_type
 from .elementwise import add, astype, divide, equal, floor, greater, multiply, negative, power, subtract, where
 from .reductions import sum
-from .shapes import (concatenate, diagonal, expand_dims, flip, moveaxis, pad_region, ravel, reshape, slice_region,
-                     split, stack, static_int, transpose)
+from .regions import pad_region, slice_region
+from .shapes import (concatenate, diagonal, expand_dims, flip, moveaxis, ravel, reshape, split, stack, static_int,
+                     transpose)
 
 
 def _array(x: Any) -> ArrayLike:

@@ -19,7 +19,8 @@ from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, constant_of, where_text
 from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, result_type
 from .elementwise import astype, equal, maximum, minimum, remainder
-from .shapes import expand_dims, ravel, reshape, slice_region, static_int, transpose
+from .regions import slice_region
+from .shapes import expand_dims, ravel, reshape, static_int, transpose
 
 
 def _gather_rule(avals: Sequence[Aval], **_: Any) -> Aval:

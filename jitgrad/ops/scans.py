@@ -23,7 +23,8 @@ from ..tracing import Tracer, bind, constant_of, where_text
 from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, result_type
 from .elementwise import add, divide, multiply, not_equal, subtract
 from .reductions import _accumulation_dtype
-from .shapes import concatenate, ravel, reshape, slice_region
+from .regions import slice_region
+from .shapes import concatenate, ravel, reshape
 
 NO_VALUE = np._NoValue
 

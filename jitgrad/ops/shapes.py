@@ -1,6 +1,6 @@
-"""Shape ops: the host primitives slice, pad and concatenate, and the numpy bindings that move, join and
-split axes (reshape in C and Fortran order, transpose, diagonal, concatenate with dtype and casting, split,
-tile...). numpy's np.pad and the array-building functions are in `building`."""
+"""Shape ops: the numpy bindings that move, join and split axes (reshape in C and Fortran order, transpose,
+diagonal, concatenate with dtype and casting, split, tile...). The region primitives (slice, pad, concatenate)
+are in `regions`; numpy's np.pad and the array-building functions are in `building`."""
 from __future__ import annotations
 
 import builtins
@@ -8,88 +8,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import lax as L
 from ..dispatch import implements, register_method, register_property
 from ..errors import ShapeError, TraceError, UnsupportedError
-from ..ir import Aval
-from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, constant_of, where_text
 from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, reshape_p, transpose_p
-
-# ---------------------------------------------------------------------- host primitives
-
-
-def region(starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> tuple[slice, ...]:
-    """Python slices selecting `shape[k]` elements from `starts[k]` every `steps[k]` (steps may be negative)."""
-    out = []
-    for start, step, n in zip(starts, steps, shape):
-        if n == 0:
-            out.append(slice(0, 0))
-            continue
-        stop = start + step * (n - 1) + (1 if step > 0 else -1)
-        out.append(slice(start, stop if stop >= 0 else None, step))
-    return tuple(out)
-
-
-def _region_rule(avals: Sequence[Aval], *, shape: tuple[int, ...], **_: Any) -> Aval:
-    return avals[0].with_shape(shape)
-
-
-def _slice_impl(x: Any, *, starts: tuple[int, ...], steps: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
-    """A contiguous copy, so kernels reading it compile for one memory layout."""
-    return np.ascontiguousarray(np.asarray(x)[region(starts, steps, shape)])
-
-
-def _pad_impl(x: Any, *, starts: tuple[int, ...], steps: tuple[int, ...], shape: tuple[int, ...], value: Any
-              ) -> np.ndarray:
-    x = np.asarray(x)
-    out = np.full(shape, value, x.dtype)
-    out[region(starts, steps, x.shape)] = x
-    return out
-
-
-slice_p = declare(Primitive(
-    "slice", Kind.HOST, _region_rule, _slice_impl,
-    lambda cts, ins, outs, *, starts, steps, shape: [L.pad_region(cts[0], starts, steps, ins[0].shape, 0)],
-    backward_label="SliceBackward"))
-pad_p = declare(Primitive(
-    "pad", Kind.HOST, _region_rule, _pad_impl,
-    lambda cts, ins, outs, *, starts, steps, shape, value: [L.slice_region(cts[0], starts, steps, ins[0].shape)],
-    backward_label="PadBackward"))
-
-
-def _concatenate_rule(avals: Sequence[Aval], *, axis: int) -> Aval:
-    first = avals[0]
-    shape = list(first.shape)
-    shape[axis] = builtins.sum(a.shape[axis] for a in avals)
-    return Aval(tuple(shape), first.dtype, all(a.weak for a in avals))
-
-
-def _concatenate_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, axis: int) -> list[Any]:
-    (g,) = cts
-    grads, offset = [], 0
-    for x in ins:
-        starts = tuple(offset if k == axis else 0 for k in range(x.ndim))
-        grads.append(L.slice_region(g, starts, (1,) * x.ndim, x.shape))
-        offset += x.shape[axis]
-    return grads
-
-
-concatenate_p = declare(Primitive("concatenate", Kind.HOST, _concatenate_rule,
-                                  lambda *xs, axis: np.concatenate(xs, axis=axis), _concatenate_vjp,
-                                  backward_label="CatBackward"))
-
-
-def slice_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> ArrayLike:
-    """The elements `starts[k] + steps[k] * i` (i < shape[k]) of each axis; a strided slice."""
-    return L.slice_region(x, starts, steps, shape)
-
-
-def pad_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int], value: Any
-               ) -> ArrayLike:
-    """An array of `shape` filled with `value`, holding `x` at the region `slice_region` would read."""
-    return L.pad_region(x, starts, steps, shape, value)
-
+from .regions import concatenate_p, slice_region
 
 def static_int(op: str, name: str, value: Any) -> int:
     """An int argument that shapes the trace (an offset, a count, a shift): a traced value is refused."""

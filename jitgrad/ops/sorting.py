@@ -25,7 +25,8 @@ from ..tracing import Tracer, bind, constant_of, where_text
 from .core import ArrayLike, aval_of, normalize_axes
 from .elementwise import add, isnan, multiply, subtract, where
 from .reductions import mean
-from .shapes import ravel, reshape, slice_region, transpose
+from .regions import slice_region
+from .shapes import ravel, reshape, transpose
 
 # ---------------------------------------------------------------------- primitives
 

@@ -1,0 +1,111 @@
+"""Slices, pads and concatenates inside kernels: slices are views kernels read at offsets, pads and
+concatenates are region reads (bounds tests, `loops.Branch`) instead of host steps. Asserted on numbers
+(numpy's values, torch's gradients, the same bits as numpy for pure data movement) and on structure
+(which host steps remain, what the generated source reads)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import jitgrad as jg
+from jitgrad import fusion, passes, programs
+from jitgrad.loops import HostStep
+
+RNG = np.random.default_rng(7)
+X = RNG.standard_normal((5, 6)).astype(np.float32)
+Y = RNG.standard_normal((5, 3)).astype(np.float32)
+
+
+def _host_steps(fn, *inputs) -> list[str]:
+    """The host steps of `fn`'s value-and-grad program, by primitive name."""
+    plan = jg.trace(fn).plan(*inputs)
+    graph = programs.value_and_grad_graph(plan.graph, plan.differentiable(list(range(len(inputs)))))
+    return [s.eqn.prim.name for s in fusion.schedule(passes.optimize(graph)).steps if isinstance(s, HostStep)]
+
+
+def im2col_loss(x, k):
+    """A 3x3 'same' convolution as a user writes it: pad, nine shifted slices, concatenate, one matmul."""
+    n, h, w, c = x.shape
+    p = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    cols = np.concatenate([p[:, dy:dy + h, dx:dx + w, :].reshape(n, h, w, 1, c)
+                           for dy in range(3) for dx in range(3)], axis=3)
+    y = np.maximum(cols.reshape(n * h * w, 9 * c) @ k, 0.0)
+    return np.mean(y * y)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y: np.tanh(np.concatenate([x, y], axis=1)) * 2.0,
+    lambda x, y: np.exp(np.pad(x, ((1, 2), (0, 3)), constant_values=0.5)) - 1.0,
+    lambda x, y: np.concatenate([x[:, ::-1], np.pad(y, ((0, 0), (2, 1)))[1:, :]], axis=0)[:, 1:5] + 1.0,
+    lambda x, y: np.sum(np.concatenate([x[1:4, ::2], y[:3]], axis=1) ** 2, axis=1),
+])
+def test_values_match_numpy(fn) -> None:
+    np.testing.assert_allclose(jg.trace(fn)(X, Y), fn(X, Y), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y: np.concatenate([x, y], axis=1) * 3.0,
+    lambda x, y: np.pad(x, ((1, 0), (2, 2))),
+    lambda x, y: (x[1:, ::-2], np.concatenate([y, x], axis=1)),
+])
+def test_pure_data_movement_has_numpy_bits(fn) -> None:
+    got, want = jg.trace(fn)(X, Y), fn(X, Y)
+    for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        assert g.dtype == w.dtype and g.tobytes() == np.ascontiguousarray(w).tobytes()
+
+
+def test_gradients_through_slices_pads_and_concatenates_match_torch() -> None:
+    def loss(x, y):
+        c = np.concatenate([np.pad(x, ((0, 0), (1, 1))), y[:, ::-1]], axis=1)
+        return np.sum(np.tanh(c[1:, 2:]) * c[:-1, :-2])
+
+    xt, yt = (torch.tensor(a, requires_grad=True) for a in (X, Y))
+    c = torch.cat([torch.nn.functional.pad(xt, (1, 1)), torch.flip(yt, [1])], 1)
+    (torch.tanh(c[1:, 2:]) * c[:-1, :-2]).sum().backward()
+    value, (gx, gy) = jg.trace(loss).value_and_grad(X, Y, argnums=(0, 1))
+    np.testing.assert_allclose(value, loss(X, Y), rtol=1e-5)
+    np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gy, yt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_im2col_gradient_reads_through_its_pads() -> None:
+    """The convolution's input gradient sums nine padded slices: one kernel reads them all, with no pad,
+    slice or reshape host step between the matmul and that kernel."""
+    x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
+    k = RNG.standard_normal((27, 4)).astype(np.float32)
+    host = _host_steps(im2col_loss, x, k)
+    assert host.count("pad") == 1 and host.count("concatenate") == 1, host  # the forward's, needed as arrays
+    xt, kt = (torch.tensor(a, requires_grad=True) for a in (x, k))
+    yt = torch.relu(torch.nn.functional.conv2d(xt.permute(0, 3, 1, 2), kt.reshape(3, 3, 3, 4).permute(3, 2, 0, 1),
+                                               padding=1).permute(0, 2, 3, 1).reshape(-1, 4))
+    (yt * yt).mean().backward()
+    value, (gx, gk) = jg.trace(im2col_loss).value_and_grad(x, k, argnums=(0, 1))
+    np.testing.assert_allclose(value, (yt * yt).mean().item(), rtol=1e-5)
+    np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(gk, kt.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_kernels_test_bounds_instead_of_reading_padded_arrays() -> None:
+    f = jg.trace(lambda x: np.exp(np.pad(x, 1)) * 2.0)
+    text = f.explain(X)
+    assert "if 1 <= i0 < 6 and 1 <= i1 < 7:" in text and "(u0 - np.uint64(1))" in text, text
+    assert "pad" not in _host_steps(lambda x: np.sum(np.exp(np.pad(x, 1))), X)
+
+
+def test_interior_padding_stays_a_host_step() -> None:
+    """The gradient of a strided slice pads with steps of 2: a host step, with torch's gradient."""
+    host = _host_steps(lambda x: np.sum(np.tanh(x[:, ::2])), X)
+    assert host == ["pad"], host
+    xt = torch.tensor(X, requires_grad=True)
+    torch.tanh(xt[:, ::2]).sum().backward()
+    _, (g,) = jg.trace(lambda x: np.sum(np.tanh(x[:, ::2]))).value_and_grad(X, argnums=(0,))
+    np.testing.assert_allclose(g, xt.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_kernels_reading_reshaped_slices_get_contiguous_arrays() -> None:
+    """A regrouping reshape of a strided slice may be a strided view: kernels get it C-contiguous."""
+    x = RNG.standard_normal((4, 6, 2)).astype(np.float32)
+    assert not x[:, 1:3].reshape(4, 4).flags.c_contiguous  # numpy makes this reshape a strided view
+    fn = lambda x: np.exp(x[:, 1:3].reshape(4, 4)) @ np.ones((4, 2), np.float32) + x[:, 1:3].reshape(4, 4)[:, :2]  # noqa: E731
+    np.testing.assert_allclose(jg.trace(fn)(x), fn(x), rtol=1e-6)
