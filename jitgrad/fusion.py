@@ -98,6 +98,8 @@ class _Grouping:
             return False
         while v in self.views:
             e = self.views[v]
+            if e.prim.select_map is not None:
+                return False  # a region read (a concatenate with empty operands may keep the size)
             src, out = e.inputs[0].aval.shape, e.outs[0].aval.shape
             if e.inputs[0].aval.size != e.outs[0].aval.size or \
                     [d for d in src if d != 1] != [d for d in out if d != 1]:
