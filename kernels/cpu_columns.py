@@ -53,15 +53,18 @@ def emit_columns(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
     w.line(depth, f"for tl{last} in range({lo}, hi{last}, {COLUMN_TILE}):")
     w.line(depth + 1, f"wd{last} = min(tl{last} + {COLUMN_TILE}, hi{last}) - tl{last}")
     tile = depth + 1
+    by_lanes: dict[int, list[Reduction]] = {}
     for r in stage.reductions:
-        w.line(tile, f"{r.acc}_t[:wd{last}] = 0.0")
+        by_lanes.setdefault(LANES[np.dtype(r.dtype)], []).append(r)
+    _emit_columns_loop(w, tile, f"wd{last}", [f"{r.acc}_t[j] = 0.0" for r in stage.reductions])
     inner = tile
     for a in reduced[:-1]:
         inner = w.loop(inner, a, f"n{a}")
     row = reduced[-1]
     w.line(inner, f"for b{row} in range(0, n{row}, {BLOCK}):")
-    for r in stage.reductions:
-        w.line(inner + 1, f"{r.acc}_l[:, :wd{last}] = 0.0")
+    for lanes, group in by_lanes.items():
+        w.line(inner + 1, f"for h in range({lanes}):")
+        _emit_columns_loop(w, inner + 2, f"wd{last}", [f"{r.acc}_l[h, j] = 0.0" for r in group])
     body = w.loop(inner + 1, row, f"b{row}, min(b{row} + {BLOCK}, n{row})")
     lane_of = {r.acc: LANES[np.dtype(r.dtype)] - 1 for r in stage.reductions}
     w.line(body, f"ln{row} = np.uint64(i{row} - b{row})")
@@ -71,20 +74,29 @@ def emit_columns(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
         cell = f"{r.acc}_l[ln{row} & np.uint64({lane_of[r.acc]}), np.uint64(i{last} - tl{last})]"
         w.line(body, f"{cell} = {cell} + {numba_type(r.dtype)}({r.src})")
     emit_stores(w, k, body, stage.stores)
-    for r in stage.reductions:  # the tree of halves as one loop: a sixth of the code to compile, the same adds
-        w.line(inner + 1, f"hw = {LANES[np.dtype(r.dtype)]}")
+    for lanes, group in by_lanes.items():  # the tree of halves as one loop nest for every sum of these lanes
+        w.line(inner + 1, f"hw = {lanes}")
         w.line(inner + 1, "while hw > 1:")
         w.line(inner + 2, "hw //= 2")
         w.line(inner + 2, "for h in range(hw):")
-        w.line(inner + 3, f"for j in range(wd{last}):")
-        w.line(inner + 4, f"{r.acc}_l[h, j] = {r.acc}_l[h, j] + {r.acc}_l[h + hw, j]")
-        w.line(inner + 1, f"for j in range(wd{last}):")
-        w.line(inner + 2, f"{r.acc}_t[j] += np.float64({r.acc}_l[0, j])")
+        _emit_columns_loop(w, inner + 3, f"wd{last}", [f"{r.acc}_l[h, j] = {r.acc}_l[h, j] + {r.acc}_l[h + hw, j]"
+                                                        for r in group])
+    _emit_columns_loop(w, inner + 1, f"wd{last}", [f"{r.acc}_t[j] += np.float64({r.acc}_l[0, j])"
+                                                   for r in stage.reductions])
     per_column = w.loop(tile, last, f"tl{last}, tl{last} + wd{last}")
     for r in stage.reductions:
         w.line(per_column, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_t[i{last} - tl{last}])")
     emit_body(w, k, per_column, k.epilogue)
     emit_stores(w, k, per_column, k.epilogue_stores)
+
+
+def _emit_columns_loop(w: LoopWriter, depth: int, width: str, statements: list[str]) -> None:
+    """One `for j in range(width)` loop holding every accumulator's statement: each loop nest LLVM
+    vectorises costs compile time (vector body, remainder, alias checks), so accumulators share them;
+    explicit loops rather than slice assignments, which numba types and lowers as generic array code."""
+    w.line(depth, f"for j in range({width}):")
+    for statement in statements:
+        w.line(depth + 1, statement)
 
 
 def is_lane_kernel(k: LoopKernel) -> bool:
