@@ -24,7 +24,7 @@ from .buffers import BufferPool, OutputBuffers
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
 from .primitive import Kind
-from .kernels import compiler, cpu, helper
+from .kernels import background, compiler, cpu, helper
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
 
@@ -285,8 +285,13 @@ class Executable:
 
     def _first_run(self, slots: list[Any]) -> None:
         """Run every step, telling a progress reporter before each kernel (each compiles on its first run,
-        unless the compile helper has put it on disk meanwhile: `kernels.helper`)."""
+        unless the compile helper has put it on disk meanwhile: `kernels.helper`). Background compiles wait
+        until it returns (`background.Scheduler.foreground`)."""
         self.first = False
+        with background.scheduler.foreground():
+            self._first_steps(slots)
+
+    def _first_steps(self, slots: list[Any]) -> None:
         compile_helper = self._offer_to_helper()
         report = progress.first_call(self.label, self.kernel_count)
         if report is None and compile_helper is None:

@@ -9,12 +9,13 @@ and lands in the disk cache).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterator
 
 QUIET_S = 0.5
 log = logging.getLogger("jitgrad.compile")
@@ -56,6 +57,17 @@ class Scheduler:
             self._foreground -= 1
             self._last_foreground = time.monotonic()
             self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def foreground(self) -> Iterator[None]:
+        """Hold background compiles back for the whole block, not only while numba compiles in it: a first
+        call waiting for a kernel the compile helper builds must not let a parallel variant take the core
+        (and numba's compiler lock) the kernels after it need."""
+        self.foreground_started()
+        try:
+            yield
+        finally:
+            self.foreground_ended()
 
     def wait(self, running_only: bool = False) -> None:
         """Wait until every submitted compile has run (or, with `running_only`, the one under way)."""

@@ -140,3 +140,40 @@ def test_a_first_call_with_the_helper_gives_the_same_bits(tmp_path, transposed) 
     assert helped["builds"] + helped["built"] >= alone["builds"]
     assert helped["disk_hits"] <= helped["built"]
 
+
+
+
+def test_background_compiles_wait_for_the_whole_first_call(tmp_path) -> None:
+    """A first call holds the background compiles of parallel variants back until it returns, not only while
+    numba compiles in it: also while a slow host step runs (or the call waits for a kernel the helper builds),
+    where a parallel variant started would take a core and numba's compiler lock from the kernels still to
+    compile. Here a sort of 16M values runs between two kernels, far longer than the scheduler's quiet time."""
+    found = run_script(tmp_path, """
+        import time
+        import jitgrad as jg
+        from numba.core import event
+
+        starts = []
+
+        class Starts(event.Listener):
+            def on_start(self, ev):
+                starts.append((ev.data["dispatcher"].py_func.__name__, time.perf_counter()))
+
+            def on_end(self, ev):
+                pass
+
+        event.register("numba:compile", Starts())
+
+        def f(x):
+            y = np.exp(x) * 2.0
+            return np.sum(np.sort(y) * x)
+
+        x = np.random.default_rng(0).standard_normal(1 << 24)
+        jg.trace(f)(x)
+        returned = time.perf_counter()
+        compiler.wait_for_background_compiles()
+        parallel = [t for name, t in starts if name == "parallel_kernel"]
+        print(json.dumps({"parallel": len(parallel), "before_return": sum(t < returned for t in parallel)}))
+        """, JITGRAD_COMPILE_HELPER="0")
+    assert found["parallel"] > 0
+    assert found["before_return"] == 0
