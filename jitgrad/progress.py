@@ -90,6 +90,12 @@ class FirstCall:
         if elapsed is not None:
             self._show(f"compiling {self.label}: kernel {k} of {self.n}, {elapsed:.1f} s")
 
+    def building(self, built: int, total: int) -> None:
+        """Before compiling ahead of the steps (with the compile helper): `built` of the `total` kernels done."""
+        elapsed = self._due()
+        if elapsed is not None:
+            self._show(f"compiling {self.label}: {built} of {total} kernels built, {elapsed:.1f} s")
+
     def end(self, completed: bool) -> None:
         """The call finished (or raised): report the total, or end the terminal line, if anything was due."""
         elapsed = self._due()

@@ -113,10 +113,11 @@ class _KernelCall:
         self.scalars = cpu.scalar_arguments(self.kernel)
         self.helper_key: tuple | None = None  # on the first call: the kernel offered to `kernels.helper`
 
-    def guessed_signature(self, initial: list[Any]) -> tuple:
-        """numba's types of this call's arguments, guessed before the first call from the plan: its constants
-        as they are, every other array C-contiguous and writable, of its planned dtype and rank."""
-        ins = [initial[i] if initial[i] is not None else np.empty((1,) * a.aval.ndim, a.aval.dtype)
+    def guessed_signature(self, slots: list[Any]) -> tuple:
+        """numba's types of this call's arguments, guessed before the first call runs: the call's inputs and
+        constants as they are (`slots` before any step ran), every other array C-contiguous and writable, of
+        its planned dtype and rank."""
+        ins = [slots[i] if slots[i] is not None else np.empty((1,) * a.aval.ndim, a.aval.dtype)
                for i, a in zip(self.inputs, self.kernel.inputs)]
         outs = [np.empty((1,) * o.aval.ndim, o.aval.dtype) for o in self.kernel.outputs]
         return tuple(numba.typeof(a) for a in cpu.kernel_arguments(self.kernel, ins, outs, self.scalars))
@@ -284,16 +285,18 @@ class Executable:
                 for s, copy in zip(self.output_slots, self.copy_output)]
 
     def _first_run(self, slots: list[Any]) -> None:
-        """Run every step, telling a progress reporter before each kernel (each compiles on its first run,
-        unless the compile helper has put it on disk meanwhile: `kernels.helper`). Background compiles wait
-        until it returns (`background.Scheduler.foreground`)."""
+        """Run every step, telling a progress reporter before each kernel (each compiles on its first run).
+        With the compile helper (`kernels.helper`), the kernels are first compiled here and there, largest
+        first, then the steps run. Background compiles wait until it returns (`background.Scheduler.foreground`)."""
         self.first = False
         with background.scheduler.foreground():
             self._first_steps(slots)
 
     def _first_steps(self, slots: list[Any]) -> None:
-        compile_helper = self._offer_to_helper()
+        compile_helper = self._offer_to_helper(slots)
         report = progress.first_call(self.label, self.kernel_count)
+        if compile_helper is not None:
+            self._compile_ahead(compile_helper, report)
         if report is None and compile_helper is None:
             run_steps(self.steps, slots)
             return
@@ -316,23 +319,39 @@ class Executable:
         if report is not None:
             report.end(completed=True)
 
-    def _offer_to_helper(self) -> helper.CompileHelper | None:
-        """Offer the kernels this first call will compile to the compile helper, last first; None when it
+    def _offer_to_helper(self, slots: list[Any]) -> helper.CompileHelper | None:
+        """Queue the kernels this first call will compile for the compile helper, largest first; None when it
         is not used (too few kernels to build, or `helper.helper` is None)."""
         compile_helper = helper.helper()
         if compile_helper is None:
             return None
-        jobs: dict[tuple, helper.Job] = {}
+        jobs: dict[tuple, tuple[int, helper.Job]] = {}
         for c in self.calls:
             if isinstance(c, _KernelCall):
-                job = helper.job_for(c.compiled, SERIAL, c.guessed_signature(self.initial))
+                job = helper.job_for(c.compiled, SERIAL, c.guessed_signature(slots))
                 c.helper_key = None if job is None else job.key
                 if job is not None:
-                    jobs.setdefault(job.key, job)
+                    jobs.setdefault(job.key, (len(c.compiled.source), job))
         if len(jobs) < helper.MIN_KERNELS:
             return None
-        compile_helper.offer(list(reversed(jobs.values())))
+        compile_helper.offer([job for _, job in sorted(jobs.values(), key=lambda sized: -sized[0])])
         return compile_helper
+
+    def _compile_ahead(self, compile_helper: helper.CompileHelper, report: progress.FirstCall | None) -> None:
+        """Compile queued kernels here, largest first, while the helper compiles others, until the queue is
+        empty; the steps then run with every kernel built here or on disk (or compile one whose guessed
+        argument types were wrong). A compile that fails here is left for its step, which raises it."""
+        keys = {c.helper_key for c in self.calls if isinstance(c, _KernelCall) and c.helper_key is not None}
+        while True:
+            if report is not None:
+                report.building(compile_helper.settled(keys), len(keys))
+            job = compile_helper.claim_next()
+            if job is None:
+                return
+            try:
+                helper.compile_here(job)
+            except Exception:  # noqa: BLE001 - the step compiles it again and raises it to the caller
+                pass
 
     @property
     def kernel_count(self) -> int:

@@ -1,14 +1,16 @@
 """A second process that compiles a first call's kernels into the disk cache while this one compiles others.
 
 numba compiles one function at a time under a process-wide lock, so a first call that builds ten
-kernels uses one core. Before such a call runs, `offer` hands the helper (a child interpreter that
-imports jitgrad and nothing else) the kernels it will need, last first, with the argument types they
-will most likely get. The helper compiles each into the disk cache (`compiler.DiskCache`, the same
-source through the same numba, so the same machine code); this process loads it from there when the
-call reaches it. The call still compiles from its first kernel on: before each, `take` claims back a
-kernel the helper has not started (it is compiled here), waits for one it is compiling, and says when
-one is already on disk. A kernel whose real argument types differ from the guess (a non-contiguous or
-read-only input) is compiled here as before, so a wrong guess costs the helper's time, never a result.
+kernels uses one core. Before such a call runs, `offer` queues the kernels it will need, largest first
+(by source length), with the argument types they will get (the call's own inputs and constants as they
+are, intermediates C-contiguous and writable). The helper (a child interpreter that imports jitgrad and
+nothing else) takes jobs from the front of that queue and compiles each into the disk cache
+(`compiler.DiskCache`: the same source through the same numba, so the same machine code); the call
+compiles ahead from the same front (`claim_next`) until the queue is empty, so both processes work
+largest first and finish at about the same time. Then the call runs its steps: before each kernel,
+`take` waits for one the helper is still compiling and says when one is on disk, which this process
+loads from there. A kernel whose real argument types differ from the guess (an input a host step made
+Fortran-ordered, say) is compiled when it runs, so a wrong guess costs compile time, never a result.
 
 The helper starts on the first call with at least MIN_KERNELS kernels to build and lives as long as
 this process. It is not used when the disk cache is off or cannot be written, on one core, in a child
@@ -115,6 +117,21 @@ class CompileHelper:
                 return
             self.cond.notify_all()
 
+    def claim_next(self) -> Job | None:
+        """The next queued job, claimed for this process to compile (so the helper never starts it), or None
+        when nothing is queued: a first call compiles ahead from the same queue as the helper."""
+        with self.cond:
+            if not self.queue:
+                return None
+            job = self.queue.popleft()
+            job.state = "claimed"
+            return job
+
+    def settled(self, keys: set[tuple]) -> int:
+        """How many of these jobs are compiled by now, here or by the helper (progress)."""
+        with self.cond:
+            return sum(self.jobs[key].state in ("done", "claimed", "failed") for key in keys)
+
     def take(self, key: tuple) -> bool:
         """Before this process compiles `key`: True when the helper has put it on disk (waiting while it
         compiles it), False when this process must compile it (never offered, claimed back, or failed)."""
@@ -195,6 +212,12 @@ class CompileHelper:
                 process.stdin.close()
             except OSError:
                 pass
+
+
+def compile_here(job: Job) -> None:
+    """Compile a job this process claimed (`CompileHelper.claim_next`), into the disk cache as the helper would."""
+    source, variants, function, signature = job.request
+    compiler.load(source, variants).functions[function].compile(signature)
 
 
 _helper: CompileHelper | None = None

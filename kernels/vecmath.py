@@ -69,6 +69,10 @@ ULP_BOUNDS: dict[str, dict[str, int]] = {
 # error_model="numpy": float division must not get a Python ZeroDivisionError branch.
 # fastmath={"contract"} is explicit so that a fast-math caller does not pass its other flags on.
 _jit = numba.njit(error_model="numpy", fastmath={"contract"})
+# The pieces the public functions are built of are inlined into them in numba's IR, with the same flags: each
+# @njit function is its own library (typed, lowered, optimised and linked once per process), and a first call
+# that compiles kernels pays for every one of them, in the compile helper too.
+_piece = numba.njit(error_model="numpy", fastmath={"contract"}, inline="always")
 
 
 def _bitcast(context, builder, sig, args):
@@ -136,7 +140,7 @@ def _build(ft: type) -> dict:
         (0.666666666666667, 0.3999999999989889, 0.28571428626253836, 0.22222211089379496,
          0.1818289243253687, 0.15331611722055008, 0.14617807153417325))))
 
-    @_jit
+    @_piece
     def poly(x, coeffs):
         """coeffs[0] + coeffs[1] x + ... by Horner's rule."""
         acc = coeffs[-1]
@@ -144,17 +148,17 @@ def _build(ft: type) -> dict:
             acc = acc * x + coeffs[i]
         return acc
 
-    @_jit
+    @_piece
     def pow2(n):
         """2.0**n for an integer n in the normal exponent range."""
         return _from_bits(it((n + bias) << mant))
 
-    @_jit
+    @_piece
     def int_to_float(k):
         """float(k) for |k| < 2**(mant - 1), with integer add + bitcast only."""
         return _from_bits(it(k + shifter_bits)) - shifter
 
-    @_jit
+    @_piece
     def reduce_exp(x):
         """(r, n) with x = n ln2 + r, |r| <= ln2/2 (x must be finite and clamped)."""
         t = x * log2e + shifter
@@ -162,7 +166,7 @@ def _build(ft: type) -> dict:
         n = it(_bits(t) - shifter_bits)
         return (x - nf * ln2_hi) - nf * ln2_lo, n
 
-    @_jit
+    @_piece
     def expm1_poly(r):
         return r + r * r * poly(r, exp_p)
 
@@ -189,7 +193,7 @@ def _build(ft: type) -> dict:
         y = two * (h * expm1_poly(r) + (h - half))
         return y if abs(x) >= tiny else x
 
-    @_jit
+    @_piece
     def log_core(x, c):
         """log(x) + c for finite x > 0, where c is a small correction term."""
         scaled = x < smallest_normal

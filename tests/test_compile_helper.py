@@ -130,8 +130,9 @@ FIRST_CALL = """
 
 @pytest.mark.parametrize("transposed", [False, True])
 def test_a_first_call_with_the_helper_gives_the_same_bits(tmp_path, transposed) -> None:
-    """With the helper each kernel is built once (here or there) and loaded from disk when it was built there;
-    a non-contiguous input (the guessed signature is wrong for it) compiles here. Results are bit-identical."""
+    """With the helper each kernel is built once (here or there) and loaded from disk when it was built there,
+    for a Fortran-ordered input too (the guessed types take the call's inputs as they are). Results are
+    bit-identical."""
     body = FIRST_CALL.format(transposed=transposed)
     alone = run_script(tmp_path / "alone", body, JITGRAD_COMPILE_HELPER="0")
     helped = run_script(tmp_path / "helped", body)
@@ -139,6 +140,10 @@ def test_a_first_call_with_the_helper_gives_the_same_bits(tmp_path, transposed) 
     assert alone["builds"] >= 3 and alone["built"] == 0
     assert helped["builds"] + helped["built"] >= alone["builds"]
     assert helped["disk_hits"] <= helped["built"]
+    # the call's own inputs are typed as they are (Fortran-ordered too): each kernel is built once, and both
+    # processes compile (largest first, ahead of the steps)
+    assert helped["builds"] + helped["built"] == alone["builds"]
+    assert helped["builds"] >= 1 and helped["built"] >= 1
 
 
 
