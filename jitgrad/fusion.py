@@ -19,13 +19,18 @@ from typing import Any, Sequence
 
 from . import passes, remat
 from .ir import Atom, Eqn, Graph, Var
-from .loops import HostStep, LoopKernel, NotFusible, Program, is_transparent, lower_group
+from .loops import HostStep, LoopKernel, NotFusible, Program, is_transparent, lower_group, view_kernel
 from .primitive import Kind
 
 MAX_INPUTS = 16  # arrays a fused kernel may read: longer chains (a gradient summed over 200 time steps) split
 # into kernels of one shape, which share their compiled code, instead of one kernel per length
+MIN_COPY_VIEWS = 4  # view equations (the region read included) a copy kernel must replace to be written
+MAX_COPY_BYTES = 1 << 20  # and the largest array it writes: past this numpy's copies are as fast as its
+# per-element choice between operands, and the host steps' call overhead no longer counts
 MERGE_WINDOW = 256  # equations between two groups beyond which they are not merged: a forward value used far
 # later in the backward stays in its own kernel, and the cycle check only searches that window
+
+
 class _PrefixMax:
     """Max over positions [0, end) of values set per position (a segment tree): where the groups starting
     before a position end, in O(log n) per update and query."""
@@ -280,21 +285,49 @@ def _grouped(graph: Graph, recomputed: frozenset[Var]) -> Program:
     steps: list[LoopKernel | HostStep] = [grouping.lower(m) for m in grouping.members.values()]
     host = [e for e in graph.eqns if e.prim.kind not in (Kind.ELEMENTWISE, Kind.REDUCE) and e.out not in grouping.views]
     written = {o for k in steps for o in k.outputs}
-    needed_views = _views_needed_on_host(graph, grouping.views, host, written)
+    needed_views, copied = _views_needed_on_host(graph, grouping, host, written)
+    steps += [view_kernel(v, grouping.views) for v in copied]
     steps += [HostStep(e) for e in graph.eqns if e in host or id(e) in needed_views]
     return Program(graph, _topological(steps), grouping.work)
 
 
-def _views_needed_on_host(graph: Graph, views: dict[Var, Eqn], host: list[Eqn], written: set[Var]) -> set[int]:
-    """Transparent views whose results host steps or the graph's outputs use as arrays (and no kernel writes)."""
+def _view_count(v: Var, views: dict[Var, Eqn]) -> int:
+    """How many view equations make `v` from the values under them."""
+    seen: set[int] = set()
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Var) and x in views and id(views[x]) not in seen:
+            seen.add(id(views[x]))
+            stack.extend(views[x].inputs)
+    return len(seen)
+
+
+def _views_needed_on_host(graph: Graph, grouping: _Grouping, host: list[Eqn], written: set[Var]
+                          ) -> tuple[set[int], list[Var]]:
+    """Transparent views whose results host steps or the graph's outputs use as arrays (and no kernel writes):
+    the ids of those that run as host steps, and the region reads (pads, concatenates) a copy kernel writes
+    instead, reading its operands through their views in place. A copy kernel is worth its compile where it
+    replaces MIN_COPY_VIEWS host steps or more for an array of at most MAX_COPY_BYTES: an im2col's nine
+    slices of a padded input, stacked, are one pass over the input, where numpy runs a pad, nine slices, nine
+    reshapes and a concatenate copying three floats at a time, each step a Python call; a concatenate of two
+    arrays stays numpy's (as one of more than MAX_INPUTS arrays, or a large one)."""
+    views = grouping.views
     needed: set[int] = set()
+    copied: list[Var] = []
     stack = [a for e in host for a in e.inputs] + list(graph.outputs)
     while stack:
         v = stack.pop()
-        if isinstance(v, Var) and v in views and v not in written and id(views[v]) not in needed:
-            needed.add(id(views[v]))
+        if not (isinstance(v, Var) and v in views and v not in written and id(views[v]) not in needed):
+            continue
+        needed.add(id(views[v]))
+        if views[v].prim.select_map is not None and len(grouping.sources(v)) <= MAX_INPUTS \
+                and _view_count(v, views) >= MIN_COPY_VIEWS and v.aval.nbytes <= MAX_COPY_BYTES:
+            copied.append(v)
+        else:
             stack.extend(views[v].inputs)
-    return needed
+    copies = {id(views[v]) for v in copied}
+    return needed - copies, copied
 
 
 def _topological(steps: list[LoopKernel | HostStep]) -> list[LoopKernel | HostStep]:

@@ -21,6 +21,17 @@ from .primitive import Kind, Offset, Primitive, entry_axis
 Index = tuple  # per array axis: a domain axis number (the loop variable), None (index 0) or an `Offset`
 
 
+@dataclass(frozen=True)
+class Param:
+    """An integer of a kernel's index arithmetic that depends on shapes (a slice's start, the end of a
+    concatenate's operand, a pad's edge): the kernel's int64 argument `p<number>`, so that the source, and
+    the machine code compiled from it, serve every shape of the same structure (an im2col of 8 and of 16
+    channels, a new batch size). Its sign still shapes the source (what an unsigned index adds or subtracts)."""
+
+    number: int
+    value: int
+
+
 class NotFusible(Exception):
     """A candidate group cannot be written as one loop nest."""
 
@@ -104,6 +115,7 @@ class LoopKernel:
     epilogue: list[Load | Compute]  # per kept point, after all stages
     epilogue_stores: list[Store]
     eqns: list[Eqn]
+    index_params: tuple[int, ...] = ()  # the values of its `Param`s, by number: int64 arguments after the scalars
 
     @property
     def kept_axes(self) -> tuple[int, ...]:
@@ -312,8 +324,51 @@ class _LoopBuilder:
                 st.stores.append(Store(k, index, self.value(v, index, st.body, s)))
         if not self.stages:
             self.stages.append(Stage())
+        params = _Params()
+        for stage in self.stages:
+            params.body(stage.body)
+            params.stores(stage.stores)
+        params.body(self.epilogue)
+        params.stores(self.epilogue_stores)
         return LoopKernel(self.domain, self.reduce_axes, self.inputs, self.scalars, self.outputs, self.stages,
-                          self.epilogue, self.epilogue_stores, self.eqns)
+                          self.epilogue, self.epilogue_stores, self.eqns, tuple(params.values))
+
+
+class _Params:
+    """Replaces the shape-dependent integers of a kernel's statements (Offset starts, region-read bounds) by
+    `Param`s, in place, numbered in the order met: one per place, not per value, since two values that are equal
+    for one shape (a pad's edge, a multiple of the channels) may differ for another."""
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+
+    def param(self, value: int) -> Param:
+        self.values.append(value)
+        return Param(len(self.values) - 1, value)
+
+    def entry(self, entry: int | Offset | None) -> int | Offset | None:
+        if isinstance(entry, Offset) and isinstance(entry.start, int) and entry.start != 0:
+            return Offset(entry.axis, self.param(entry.start), entry.step)
+        return entry
+
+    def index(self, index: Index) -> Index:
+        return tuple(self.entry(e) for e in index)
+
+    def stores(self, stores: list[Store]) -> None:
+        for st in stores:
+            st.index = self.index(st.index)
+
+    def body(self, body: list) -> None:
+        for st in body:
+            if isinstance(st, Load):
+                st.index = self.index(st.index)
+            elif isinstance(st, Branch):
+                cases = []
+                for bounds, sub, value in st.cases:
+                    self.body(sub)
+                    cases.append((tuple((self.entry(e), self.param(lo), self.param(hi)) for e, lo, hi in bounds),
+                                  sub, value))
+                st.cases = cases
 
 
 def lower_group(eqns: list[Eqn], outputs: list[Var], views: dict[Var, Eqn]) -> LoopKernel:

@@ -157,7 +157,7 @@ class CompiledKernel:
         self.module = kernel_module(kernel)
         self.launches = kc.launches(kernel)
         self.scratch = [cuda.device_array(n, d) for n, d in kc.scratch(kernel)]
-        self.scalars = [s.value.reshape(())[()] for s in kernel.scalars]
+        self.scalars = [s.value.reshape(())[()] for s in kernel.scalars] + [np.int64(v) for v in kernel.index_params]
         self.lock = threading.Lock()
 
     def __call__(self, ins: Sequence[Any]) -> list[Any]:

@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from jitgrad.loops import Branch, Compute, LoopKernel, Reduction
+from jitgrad.loops import Branch, Compute, LoopKernel, Param, Reduction
 from jitgrad.primitive import Offset
 
 
@@ -53,31 +53,44 @@ def combine(r: Reduction, acc: str, value: str) -> str:
     return r.prim.reduction.combine.format(acc, f"{numba_type(accumulator_dtype(r))}({value})")
 
 
+def int_text(x: int | Param) -> str:
+    """An integer of index arithmetic as source text: a literal, or the kernel argument of a `Param`."""
+    return f"p{x.number}" if isinstance(x, Param) else str(x)
+
+
+def int_value(x: int | Param) -> int:
+    return x.value if isinstance(x, Param) else x
+
+
 def position_text(entry: int | Offset | None, var: str) -> str:
     """One axis of an array access: loop variable `<var><axis>`, 0, or a moved position (`Offset`). With
     the unsigned loop copies (`var` "u") the arithmetic stays unsigned: a position read is never negative
-    (a region read tests its bounds before it reads)."""
+    (a region read tests its bounds before it reads). A start that is a `Param` is the kernel's argument;
+    its sign (known when the source is written) says whether it is added or subtracted."""
     if entry is None:
         return "0"
     if not isinstance(entry, Offset):
         return f"{var}{entry}"
+    start = int_text(entry.start)
     if entry.axis is None:
-        return str(entry.start)
+        return start
     if var != "u":
-        return f"({var}{entry.axis} * {entry.step} + {entry.start})"
+        return f"({var}{entry.axis} * {entry.step} + {start})"
     moved = f"u{entry.axis}" if abs(entry.step) == 1 else f"u{entry.axis} * np.uint64({abs(entry.step)})"
     if entry.step < 0:
-        return f"(np.uint64({entry.start}) - {moved})"
-    if entry.start < 0:  # inside a region read's bounds, where the position is at least -start
-        return f"({moved} - np.uint64({-entry.start}))"
-    return moved if entry.start == 0 else f"({moved} + np.uint64({entry.start}))"
+        return f"(np.uint64({start}) - {moved})"
+    if int_value(entry.start) < 0:  # inside a region read's bounds, where the position is at least -start
+        return f"({moved} - np.uint64(-{start}))"
+    return moved if int_value(entry.start) == 0 else f"({moved} + np.uint64({start}))"
 
 
 def bounds_text(bounds: tuple, var: str = "i") -> str:
     """The test that a point lies inside a region read's case: lo <= position < hi for each bound, in the
     signed loop variables `<var><axis>`."""
-    return " and ".join(f"{position_text(entry, var)} < {hi}" if lo <= 0 and not isinstance(entry, Offset)
-                        else f"{lo} <= {position_text(entry, var)} < {hi}" for entry, lo, hi in bounds)
+    return " and ".join(f"{position_text(entry, var)} < {int_text(hi)}"
+                        if int_value(lo) <= 0 and not isinstance(entry, Offset)
+                        else f"{int_text(lo)} <= {position_text(entry, var)} < {int_text(hi)}"
+                        for entry, lo, hi in bounds)
 
 
 def index_text(index: tuple, rank: int, var: str = "i") -> str:
@@ -89,9 +102,10 @@ def index_text(index: tuple, rank: int, var: str = "i") -> str:
 
 
 def argument_names(k: LoopKernel) -> list[str]:
-    """A kernel's arguments: lengths, inputs, typed scalar constants, outputs."""
+    """A kernel's arguments: lengths, inputs, typed scalar constants, index parameters (`Param`), outputs."""
     return ([f"n{a}" for a in range(len(k.domain))] + [f"a{i}" for i in range(len(k.inputs))]
-            + [f"c{i}" for i in range(len(k.scalars))] + [f"o{i}" for i in range(len(k.outputs))])
+            + [f"c{i}" for i in range(len(k.scalars))] + [f"p{i}" for i in range(len(k.index_params))]
+            + [f"o{i}" for i in range(len(k.outputs))])
 
 
 class Writer:

@@ -217,13 +217,15 @@ def module_source(k: LoopKernel) -> str:
 
 
 def scalar_arguments(k: LoopKernel) -> list[Any]:
-    """The typed scalar constants of a kernel (numpy scalars, so numba keeps float32 float32)."""
-    return [s.value.reshape(())[()] for s in k.scalars]
+    """The typed scalar constants of a kernel (numpy scalars, so numba keeps float32 float32), then its index
+    parameters (int64)."""
+    return [s.value.reshape(())[()] for s in k.scalars] + [np.int64(v) for v in k.index_params]
 
 
 def kernel_arguments(k: LoopKernel, arrays: list[np.ndarray], outputs: list[np.ndarray], scalars: list[Any]
                      ) -> list[Any]:
-    """The call's arguments: lengths, inputs (0-d made 1-d), typed scalar constants, outputs."""
+    """The call's arguments: lengths, inputs (0-d made 1-d), typed scalar constants and index parameters
+    (`scalar_arguments`), outputs."""
     ins = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
     outs = [o.reshape(1) if o.ndim == 0 else o for o in outputs]
     return [*k.domain, *ins, *scalars, *outs]

@@ -10,6 +10,7 @@ import torch
 
 import jitgrad as jg
 from jitgrad import fusion, passes, programs
+from jitgrad.kernels import compiler
 from jitgrad.loops import HostStep
 
 RNG = np.random.default_rng(7)
@@ -71,11 +72,14 @@ def test_gradients_through_slices_pads_and_concatenates_match_torch() -> None:
 
 def test_im2col_gradient_reads_through_its_pads() -> None:
     """The convolution's input gradient sums nine padded slices: one kernel reads them all, with no pad,
-    slice or reshape host step between the matmul and that kernel."""
+    slice or reshape host step between the matmul and that kernel. The forward's patches, which the matmul
+    needs as an array, are one copy kernel reading the unpadded input in place (no pad, slice, reshape or
+    concatenate on the host for them either)."""
     x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
     k = RNG.standard_normal((27, 4)).astype(np.float32)
     host = _host_steps(im2col_loss, x, k)
-    assert host.count("pad") == 1 and host.count("concatenate") == 1, host  # the forward's, needed as arrays
+    assert "pad" not in host and "concatenate" not in host and host.count("slice") == 1, host  # the slice:
+    # the input gradient cropped out of the padded one, returned
     xt, kt = (torch.tensor(a, requires_grad=True) for a in (x, k))
     yt = torch.relu(torch.nn.functional.conv2d(xt.permute(0, 3, 1, 2), kt.reshape(3, 3, 3, 4).permute(3, 2, 0, 1),
                                                padding=1).permute(0, 2, 3, 1).reshape(-1, 4))
@@ -86,10 +90,35 @@ def test_im2col_gradient_reads_through_its_pads() -> None:
     np.testing.assert_allclose(gk, kt.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
+def test_a_copy_kernel_writes_a_region_read_of_many_views_numpy_the_rest() -> None:
+    """A concatenate a host step needs as an array is a copy kernel where it replaces four host steps or more
+    (the im2col's twenty) for an array of at most 1 MiB, and numpy's concatenate where it reads two arrays as
+    they are (a compile is not worth one numpy call) or makes a larger one. numpy's bits either way."""
+    x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
+    k = RNG.standard_normal((27, 4)).astype(np.float32)
+    im2col = jg.trace(lambda x, k: im2col_loss(x, k) * 1.0)
+    two = jg.trace(lambda a, b: np.concatenate([a, b], axis=1).T @ a)
+    assert im2col.kernel_counts(x, k)["call"] == 2  # the patches, then ReLU and the mean
+    large = np.zeros((16, 32, 32, 3), np.float32)  # patches of 1.8 MB: numpy's copies, no kernel for them
+    assert im2col.kernel_counts(large, k)["call"] == 1
+    assert two.kernel_counts(X, Y)["call"] == 0 and "concatenate" in [
+        s.eqn.prim.name for s in fusion.schedule(passes.optimize(two.plan(X, Y).graph)).steps
+        if isinstance(s, HostStep)]
+    n, h, w, c = x.shape
+    p = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    want = np.concatenate([p[:, dy:dy + h, dx:dx + w, :].reshape(n, h, w, 1, c)
+                           for dy in range(3) for dx in range(3)], axis=3)
+    patches = jg.trace(lambda x: np.concatenate([np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))[
+        :, dy:dy + h, dx:dx + w, :].reshape(n, h, w, 1, c) for dy in range(3) for dx in range(3)], axis=3) @ k[:c])
+    assert patches.kernel_counts(x)["call"] == 1
+    assert np.array_equal(patches(x), want @ k[:c])
+    assert np.array_equal(two(X, Y), np.concatenate([X, Y], axis=1).T @ X)
+
+
 def test_kernels_test_bounds_instead_of_reading_padded_arrays() -> None:
     f = jg.trace(lambda x: np.exp(np.pad(x, 1)) * 2.0)
     text = f.explain(X)
-    assert "if 1 <= i0 < 6 and 1 <= i1 < 7:" in text and "(u0 - np.uint64(1))" in text, text
+    assert "if p2 <= i0 < p3 and p4 <= i1 < p5:" in text and "(u0 - np.uint64(-p0))" in text, text
     assert "pad" not in _host_steps(lambda x: np.sum(np.exp(np.pad(x, 1))), X)
 
 
@@ -109,3 +138,30 @@ def test_kernels_reading_reshaped_slices_get_contiguous_arrays() -> None:
     assert not x[:, 1:3].reshape(4, 4).flags.c_contiguous  # numpy makes this reshape a strided view
     fn = lambda x: np.exp(x[:, 1:3].reshape(4, 4)) @ np.ones((4, 2), np.float32) + x[:, 1:3].reshape(4, 4)[:, :2]  # noqa: E731
     np.testing.assert_allclose(jg.trace(fn)(x), fn(x), rtol=1e-6)
+
+
+
+def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape() -> None:
+    """A region read's bounds and offsets are the kernel's int64 arguments (`loops.Param`): the im2col of a
+    second layer with other channels and sides, and a new batch size, reuse the first one's compiled kernels."""
+    rng = np.random.default_rng(3)
+
+    def conv(x, k):
+        return np.sum(np.maximum(im2col_loss(x, k), 0.0))
+
+    f = jg.trace(conv)
+    x1, k1 = rng.standard_normal((2, 6, 6, 3)).astype(np.float32), rng.standard_normal((27, 4)).astype(np.float32)
+    first = f.value_and_grad(x1, k1, argnums=(0, 1))
+    before = compiler.stats()
+    for n, side, c in [(3, 6, 3), (2, 10, 8), (5, 4, 16)]:
+        x, k = rng.standard_normal((n, side, side, c)).astype(np.float32), rng.standard_normal((9 * c, 4)).astype(
+            np.float32)
+        value, (gx, gk) = f.value_and_grad(x, k, argnums=(0, 1))
+        xt, kt = (torch.tensor(a, requires_grad=True) for a in (x, k))
+        yt = torch.relu(torch.nn.functional.conv2d(xt.permute(0, 3, 1, 2), kt.reshape(3, 3, c, 4).permute(3, 2, 0, 1),
+                                                   padding=1).permute(0, 2, 3, 1).reshape(-1, 4))
+        torch.relu((yt * yt).mean()).backward()
+        np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(gk, kt.grad.numpy(), rtol=1e-4, atol=1e-6)
+    after = compiler.stats()
+    assert first[0] > 0 and after["sources"] == before["sources"] and after["signatures"] == before["signatures"]
