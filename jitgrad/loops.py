@@ -16,20 +16,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .ir import Atom, Aval, Eqn, Graph, Literal, Var
-from .primitive import Kind, Offset, Primitive, entry_axis
+from .primitive import Kind, Offset, Param, Primitive, entry_axis
 
 Index = tuple  # per array axis: a domain axis number (the loop variable), None (index 0) or an `Offset`
-
-
-@dataclass(frozen=True)
-class Param:
-    """An integer of a kernel's index arithmetic that depends on shapes (a slice's start, the end of a
-    concatenate's operand, a pad's edge): the kernel's int64 argument `p<number>`, so that the source, and
-    the machine code compiled from it, serve every shape of the same structure (an im2col of 8 and of 16
-    channels, a new batch size). Its sign still shapes the source (what an unsigned index adds or subtracts)."""
-
-    number: int
-    value: int
 
 
 class NotFusible(Exception):

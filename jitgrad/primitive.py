@@ -39,8 +39,20 @@ class Offset:
     None (position 0)."""
 
     axis: int | None
-    start: int
+    start: int | Param  # a Param once a kernel is built (`loops.LoopKernel.index_params`)
     step: int
+
+
+@dataclass(frozen=True)
+class Param:
+    """An integer of a built kernel's index arithmetic that depends on shapes (a slice's start, the end of a
+    concatenate's operand, a pad's edge), in place of it in an `Offset` or a region read's bound: the kernel's
+    int64 argument `p<number>`, so that the source, and the machine code compiled from it, serve every shape of
+    the same structure (an im2col of 8 and of 16 channels, a new batch size). Its sign still shapes the source
+    (what an unsigned index adds or subtracts)."""
+
+    number: int
+    value: int
 
 
 def shifted(entry: int | Offset | None, start: int, step: int) -> int | Offset | None:

@@ -8,8 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from jitgrad.loops import Branch, Compute, LoopKernel, Param, Reduction
-from jitgrad.primitive import Offset
+from jitgrad.loops import Branch, Compute, LoopKernel, Reduction
+from jitgrad.primitive import Offset, Param
 
 
 def numba_type(dtype: np.dtype) -> str:

@@ -193,7 +193,7 @@ def test_einsum_contractions_use_one_matmul_on_the_host(rng):
 
 def test_data_movement_runs_on_the_host_without_kernels(rng):
     def f(x):
-        return np.concatenate([np.flip(x[::2], 0), np.pad(x, 1)[:2, 1:5]], axis=0)[[0, 0, 3]]
+        return np.concatenate([x[::-2], x[1:2]], axis=0)[[0, 0, 2]]  # three views: numpy's, no kernel
 
     x = rng.standard_normal((3, 4))
     traced = jg.trace(f)
@@ -201,3 +201,16 @@ def test_data_movement_runs_on_the_host_without_kernels(rng):
     counts = traced.kernel_counts(x)
     assert counts["call"] == counts["forward"] == 0
     assert counts["backward"] == 1  # only the add joining x's two gradient paths is computed in a kernel
+
+
+def test_a_long_chain_of_data_movement_is_one_copy_kernel(rng):
+    """A concatenate of views of views (five view steps on the host) is one copy kernel reading x in place."""
+    def f(x):
+        return np.concatenate([np.flip(x[::2], 0), np.pad(x, 1)[:2, 1:5]], axis=0)[[0, 0, 3]]
+
+    x = rng.standard_normal((3, 4))
+    traced = jg.trace(f)
+    np.testing.assert_array_equal(traced(x), f(x))
+    counts = traced.kernel_counts(x)
+    assert counts["call"] == counts["forward"] == 1
+    assert "host slice" not in traced.explain(x).split("# forward:")[0].split("# call:")[1]
