@@ -8,6 +8,7 @@ works on these types.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -30,7 +31,7 @@ class Aval:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))  # Python ints: exact, and 10x faster than np.prod on a tuple
 
     @property
     def nbytes(self) -> int:
