@@ -325,19 +325,25 @@ class _LoopBuilder:
 
 class _Params:
     """Replaces the shape-dependent integers of a kernel's statements (Offset starts, region-read bounds) by
-    `Param`s, in place, numbered in the order met: one per place, not per value, since two values that are equal
-    for one shape (a pad's edge, a multiple of the channels) may differ for another."""
+    `Param`s, in place, numbered in the order met: one per distinct value of each kind (a start, a fixed
+    position, a bound), since every kernel argument costs compile time (an im2col repeats its pad's edges in
+    nine cases). Where quantities of one kind happen to be equal for one shape and not for another (an edge
+    of 6 and six channels), the two shapes compile their own kernels; no shape reads another's values."""
 
     def __init__(self) -> None:
         self.values: list[int] = []
+        self.found: dict[tuple[str, int], Param] = {}
 
-    def param(self, value: int) -> Param:
-        self.values.append(value)
-        return Param(len(self.values) - 1, value)
+    def param(self, kind: str, value: int) -> Param:
+        if (kind, value) not in self.found:
+            self.found[(kind, value)] = Param(len(self.values), value)
+            self.values.append(value)
+        return self.found[(kind, value)]
 
     def entry(self, entry: int | Offset | None) -> int | Offset | None:
         if isinstance(entry, Offset) and isinstance(entry.start, int) and entry.start != 0:
-            return Offset(entry.axis, self.param(entry.start), entry.step)
+            return Offset(entry.axis, self.param("start" if entry.axis is not None else "fixed", entry.start),
+                          entry.step)
         return entry
 
     def index(self, index: Index) -> Index:
@@ -355,7 +361,8 @@ class _Params:
                 cases = []
                 for bounds, sub, value in st.cases:
                     self.body(sub)
-                    cases.append((tuple((self.entry(e), self.param(lo), self.param(hi)) for e, lo, hi in bounds),
+                    cases.append((tuple((self.entry(e), self.param("bound", lo), self.param("bound", hi))
+                                        for e, lo, hi in bounds),
                                   sub, value))
                 st.cases = cases
 
