@@ -314,11 +314,9 @@ class _LoopBuilder:
         if not self.stages:
             self.stages.append(Stage())
         params = _Params()
-        for stage in self.stages:
-            params.body(stage.body)
-            params.stores(stage.stores)
-        params.body(self.epilogue)
-        params.stores(self.epilogue_stores)
+        for body, stores in [(s.body, s.stores) for s in self.stages] + [(self.epilogue, self.epilogue_stores)]:
+            params.body(body)
+            params.stores(stores)
         return LoopKernel(self.domain, self.reduce_axes, self.inputs, self.scalars, self.outputs, self.stages,
                           self.epilogue, self.epilogue_stores, self.eqns, tuple(params.values))
 
