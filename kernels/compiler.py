@@ -9,8 +9,9 @@ so a file copied or renamed over another is a miss, never another kernel's code.
 `cache=True` is not used because its per-function index is read-modified-written without a lock
 (two processes can drop each other's entries or pair an index slot with another signature's
 code) and a damaged index or data file raises instead of recompiling. numba's compile event says
-which kernels compile and for how long (logger `jitgrad.compile`). Threads: modules load under a
-lock, numba compiles under its own, and parallel calls queue under numba's workqueue layer.
+which kernels compile and for how long (logger `jitgrad.compile`), and `function_passes` when one
+is under way. Threads: modules load under a lock, numba compiles under its own, and parallel calls
+queue under numba's workqueue layer.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from numba.core.runtime import rtsys
 from numba.core.serialize import dumps
 
 from jitgrad import cache
-from jitgrad.kernels import background, collector
+from jitgrad.kernels import background, collector, function_passes
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -229,6 +230,7 @@ class _CompileLog(numba_event.Listener):
         label = _label(dispatcher, event.data["args"])
         start, done = time.perf_counter(), threading.Event()
         self._running[(threading.get_ident(), id(dispatcher))] = (start, done)
+        function_passes.kernel_compile_started()
         if threading.current_thread() is not background.scheduler.worker:
             collector.pause.enter()
             background.scheduler.foreground_started()
@@ -246,6 +248,7 @@ class _CompileLog(numba_event.Listener):
         running = self._running.pop((threading.get_ident(), id(dispatcher)), None)
         if running is None:
             return
+        function_passes.kernel_compile_ended()
         if threading.current_thread() is not background.scheduler.worker:
             collector.pause.exit()
             background.scheduler.foreground_ended()

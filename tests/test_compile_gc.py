@@ -1,27 +1,36 @@
-"""A call that waits for a kernel to compile, or for its plan to trace, differentiate and fuse, runs it
-with Python's garbage collector paused (`jitgrad.kernels.collector`); the collector is back as it was
-afterwards, from any thread and after an error."""
+"""What a kernel compile changes around it. A call that waits for a kernel to compile, or for its plan to
+trace, differentiate and fuse, runs it with Python's garbage collector paused (`jitgrad.kernels.collector`);
+the collector is back as it was afterwards, from any thread and after an error. numba's per-function
+optimisation round is skipped only inside a kernel's compile (`jitgrad.kernels.function_passes`)."""
 import gc
 import threading
 
+import numba
 import numpy as np
 import pytest
+from numba.core import codegen as numba_codegen
 from numba.core import event as numba_event
 
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels import compiler, function_passes
 
 
-class _CollectorProbe(numba_event.Listener):
-    """Records, at the start of each kernel compile, whether the collector is on (jitgrad's own listener,
-    registered at import, has run by then)."""
+class _CompileProbe(numba_event.Listener):
+    """Records, at the start of each kernel compile, whether the collector is on, and at the start of every
+    numba compile the count of kernel compiles under way, kernels and other functions apart (jitgrad's own
+    listener, registered at import, has run by then)."""
 
     def __init__(self) -> None:
         self.enabled_at_start: list[bool] = []
+        self.depth_at_kernels: list[int] = []
+        self.depth_at_others: list[int] = []
 
     def on_start(self, event: numba_event.Event) -> None:
         if compiler._is_kernel(event.data["dispatcher"]):
             self.enabled_at_start.append(gc.isenabled())
+            self.depth_at_kernels.append(function_passes.depth())
+        else:
+            self.depth_at_others.append(function_passes.depth())
 
     def on_end(self, event: numba_event.Event) -> None:
         pass
@@ -30,7 +39,7 @@ class _CollectorProbe(numba_event.Listener):
 @pytest.fixture
 def probe(tmp_path, monkeypatch):
     monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path))  # cold: the kernels must build
-    listener = _CollectorProbe()
+    listener = _CompileProbe()
     numba_event.register("numba:compile", listener)
     yield listener
     numba_event.unregister("numba:compile", listener)
@@ -135,3 +144,22 @@ def test_a_traced_cycle_is_collected_by_the_closing_pass() -> None:
 
     jg.trace(loss)(np.ones(3))
     assert refs[0]() is None  # freed by the youngest-generation pass at the end of the pause
+
+
+def test_function_passes_skipped_in_kernel_compiles_only(probe) -> None:
+    f = jg.trace(lambda x: np.sum(np.tanh(x) * np.log1p(x * x)))
+    x = np.linspace(0.1, 1, 77, dtype=np.float32)
+    value, (grad,) = f.value_and_grad(x)
+    assert probe.depth_at_kernels and min(probe.depth_at_kernels) >= 1
+    assert function_passes.depth() == 0
+
+    @numba.njit
+    def users_own(a):
+        return a * a + a
+
+    np.testing.assert_array_equal(users_own(x), x * x + x)
+    assert probe.depth_at_others[-1] == 0
+    assert numba_codegen.CPUCodeLibrary._optimize_functions.__module__ == function_passes.__name__
+    np.testing.assert_allclose(value, np.sum(np.tanh(x) * np.log1p(x * x)), rtol=1e-5)
+    want = (1 - np.tanh(x) ** 2) * np.log1p(x * x) + np.tanh(x) * 2 * x / (1 + x * x)
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
