@@ -146,9 +146,10 @@ class DiskCache(_Cache):
     def entry_key(self, sig: Any, codegen: Any) -> str:
         """Everything the machine code for `sig` depends on: the jitgrad, numba and Python versions,
         the kernel's source hash and function, its numba options, the argument types, numba's magic
-        tuple of the CPU (target triple, CPU name, CPU features), and numba's OPT and BOUNDSCHECK."""
+        tuple of the CPU (target triple, CPU name, CPU features), numba's OPT and BOUNDSCHECK, and the
+        optimisation level `function_passes` gives kernels."""
         return repr((cache.version_tag(), self._stem, self._options, str(sig), codegen.magic_tuple(),
-                     numba_config.OPT, numba_config.BOUNDSCHECK))
+                     numba_config.OPT, numba_config.BOUNDSCHECK, function_passes.cache_tag()))
 
     def entry_path(self, sig: Any, codegen: Any) -> str:
         """The file for `sig` on this CPU, named by a hash of its key (the key itself is inside)."""

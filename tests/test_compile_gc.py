@@ -1,7 +1,8 @@
 """What a kernel compile changes around it. A call that waits for a kernel to compile, or for its plan to
 trace, differentiate and fuse, runs it with Python's garbage collector paused (`jitgrad.kernels.collector`);
 the collector is back as it was afterwards, from any thread and after an error. numba's per-function
-optimisation round is skipped only inside a kernel's compile (`jitgrad.kernels.function_passes`)."""
+optimisation round is skipped, and its whole-module round runs at a lower LLVM level, only inside a kernel's
+compile (`jitgrad.kernels.function_passes`), with the same bits as numba's own level."""
 import gc
 import threading
 
@@ -163,3 +164,72 @@ def test_function_passes_skipped_in_kernel_compiles_only(probe) -> None:
     np.testing.assert_allclose(value, np.sum(np.tanh(x) * np.log1p(x * x)), rtol=1e-5)
     want = (1 - np.tanh(x) ** 2) * np.log1p(x * x) + np.tanh(x) * 2 * x / (1 + x * x)
     np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
+
+
+def _kernel_calls(monkeypatch) -> list[tuple]:
+    """Every generated kernel's first call from here on: (its Python function, numba options, argument copies)."""
+    calls: list[tuple] = []
+    seen: set[tuple] = set()
+    original = compiler.CompiledSource.call
+
+    def call(self, variant, args):
+        key = (self.name, variant)
+        if key not in seen:
+            seen.add(key)
+            copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+            calls.append((self.functions[variant].py_func, self.options[variant], copies))
+        return original(self, variant, args)
+
+    monkeypatch.setattr(compiler.CompiledSource, "call", call)
+    return calls
+
+
+def test_kernel_module_level_only_in_kernel_compiles_and_same_bits(probe, monkeypatch) -> None:
+    levels: list[tuple[int, int]] = []  # (kernel compiles under way, LLVM level) of every pass pipeline built
+    create = numba_codegen.create_pass_builder
+
+    def recording(tm, opt=2, **kwargs):
+        levels.append((function_passes.depth(), opt))
+        return create(tm, opt=opt, **kwargs)
+
+    monkeypatch.setattr(numba_codegen, "create_pass_builder", recording)
+    calls = _kernel_calls(monkeypatch)
+
+    def loss(x, w):
+        z = np.tanh(x @ w)
+        e = np.exp(z - np.max(z, axis=1, keepdims=True))
+        return np.sum(np.log(np.sum(e, axis=1)) + np.mean(z * z, axis=1))
+
+    rng = np.random.default_rng(3)
+    x, w = rng.normal(size=(37, 19)).astype(np.float32), rng.normal(size=(19, 23)).astype(np.float32)
+    jg.trace(loss).value_and_grad(x, w, argnums=(0, 1))
+    kernel_levels = {opt for d, opt in levels if d}
+    assert kernel_levels == {0, function_passes.KERNEL_MODULE_OPT}  # numba's cheap round, then the module round
+
+    @numba.njit
+    def users_own(a):
+        return a * a + 1
+
+    levels.clear()
+    users_own(x)
+    assert {opt for _, opt in levels} == {0, numba.config.OPT} and not any(d for d, _ in levels)
+
+    assert len(calls) >= 2
+    for py_func, options, args in calls:  # each kernel compiled again at numba's level: the same bits
+        outputs = {}
+        for level in (numba.config.OPT, function_passes.KERNEL_MODULE_OPT):
+            monkeypatch.setattr(function_passes, "KERNEL_MODULE_OPT", level)
+            copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+            numba.njit(error_model="numpy", **options)(py_func)(*copies)
+            outputs[level] = copies
+        for at_numba_level, at_kernel_level in zip(*outputs.values()):
+            if isinstance(at_numba_level, np.ndarray):
+                assert at_numba_level.tobytes() == at_kernel_level.tobytes()
+
+
+def test_kernel_module_level_in_disk_cache_key(tmp_path) -> None:
+    from numba.core.registry import cpu_target
+
+    entry = compiler.DiskCache(str(tmp_path), "jitgrad_kernel_x", "serial_kernel", {})
+    codegen = cpu_target.target_context.codegen()
+    assert repr(function_passes.cache_tag()) in entry.entry_key("(float32,)", codegen)
