@@ -19,14 +19,16 @@ from typing import Any, Sequence
 
 from . import passes, remat
 from .ir import Atom, Eqn, Graph, Var
-from .loops import HostStep, LoopKernel, NotFusible, Program, is_transparent, lower_group, view_kernel
-from .primitive import Kind
+from .loops import (Branch, HostStep, LoopKernel, NotFusible, Program, is_transparent, lower_group, statements,
+                    view_kernel)
+from .primitive import Kind, entry_axis
 
 MAX_INPUTS = 16  # arrays a fused kernel may read: longer chains (a gradient summed over 200 time steps) split
 # into kernels of one shape, which share their compiled code, instead of one kernel per length
 MIN_COPY_VIEWS = 4  # view equations (the region read included) a copy kernel must replace to be written
-MAX_COPY_BYTES = 1 << 20  # and the largest array it writes: past this numpy's copies are as fast as its
-# per-element choice between operands, and the host steps' call overhead no longer counts
+MAX_COPY_BYTES = 1 << 20  # and the largest array it writes when a region read chooses along its last axis: past
+# this numpy's copies are as fast as a per-element choice between operands; with the choice on outer axes only
+# (an im2col), the kernel copies whole rows (CPU: `kernels.cpu.MAX_UNSWITCHED_LOOPS`) at any size
 MERGE_WINDOW = 256  # equations between two groups beyond which they are not merged: a forward value used far
 # later in the backward stays in its own kernel, and the cycle check only searches that window
 
@@ -308,10 +310,11 @@ def _views_needed_on_host(graph: Graph, grouping: _Grouping, host: list[Eqn], wr
     """Transparent views whose results host steps or the graph's outputs use as arrays (and no kernel writes):
     the ids of those that run as host steps, and the region reads (pads, concatenates) a copy kernel writes
     instead, reading its operands through their views in place. A copy kernel is worth its compile where it
-    replaces MIN_COPY_VIEWS host steps or more for an array of at most MAX_COPY_BYTES: an im2col's nine
-    slices of a padded input, stacked, are one pass over the input, where numpy runs a pad, nine slices, nine
-    reshapes and a concatenate copying three floats at a time, each step a Python call; a concatenate of two
-    arrays stays numpy's (as one of more than MAX_INPUTS arrays, or a large one)."""
+    replaces MIN_COPY_VIEWS host steps or more, for an array of at most MAX_COPY_BYTES or one whose region reads
+    choose their operand by outer positions only: an im2col's nine slices of a padded input, stacked, are one
+    pass over the input, where numpy runs a pad, nine slices, nine reshapes and a concatenate copying three
+    floats at a time, each step a Python call (3-14x slower for 3-144 MiB im2cols); a concatenate of two
+    arrays stays numpy's (as one of more than MAX_INPUTS arrays, or a large one along its last axis)."""
     views = grouping.views
     needed: set[int] = set()
     copied: list[Var] = []
@@ -322,12 +325,21 @@ def _views_needed_on_host(graph: Graph, grouping: _Grouping, host: list[Eqn], wr
             continue
         needed.add(id(views[v]))
         if views[v].prim.select_map is not None and len(grouping.sources(v)) <= MAX_INPUTS \
-                and _view_count(v, views) >= MIN_COPY_VIEWS and v.aval.nbytes <= MAX_COPY_BYTES:
+                and _view_count(v, views) >= MIN_COPY_VIEWS \
+                and (v.aval.nbytes <= MAX_COPY_BYTES or not _chooses_along_last_axis(view_kernel(v, views))):
             copied.append(v)
         else:
             stack.extend(views[v].inputs)
     copies = {id(views[v]) for v in copied}
     return needed - copies, copied
+
+
+def _chooses_along_last_axis(k: LoopKernel) -> bool:
+    """Does a region read of kernel `k` test a bound on the last axis of its domain (a concatenate or pad there)?"""
+    last = len(k.domain) - 1
+    body = [st for stage in k.stages for st in stage.body] + k.epilogue
+    return any(entry_axis(entry) == last for st in statements(body) if isinstance(st, Branch)
+               for bounds, _, _ in st.cases for entry, _, _ in bounds)
 
 
 def _topological(steps: list[LoopKernel | HostStep]) -> list[LoopKernel | HostStep]:

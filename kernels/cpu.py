@@ -20,6 +20,8 @@ over outer axes with the last axes kept (a bias gradient) is a column kernel: ro
 contiguous columns vectorised, each column's terms in the row kernel's lanes and order, so the
 same bits without a strided walk per output element; reductions exact in any order over middle axes
 with the last axis kept (a max-pool) are lane kernels, channels innermost (`jitgrad.kernels.cpu_columns`).
+An elementwise kernel whose one region read chooses by outer positions only tests its cases once per row, the
+innermost loop written inside each case (`cpu_emit.emit_unswitched`: LLVM does not unswitch these loops).
 """
 from __future__ import annotations
 
@@ -32,12 +34,14 @@ from jitgrad.kernels import carry
 from jitgrad.kernels.common import accumulator_dtype, argument_names, identity_literal, numba_type
 from jitgrad.kernels.cpu_columns import emit_columns, emit_lanes, is_column_kernel, is_lane_kernel
 from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LoopWriter, emit_accumulate, emit_body, emit_stores,
-                                      emit_zero_rescan, is_blocked, order_dependent, row_index)
+                                      emit_unswitched, emit_zero_rescan, is_blocked, order_dependent, row_index,
+                                      unswitched_loops)
 
 __all__ = ["BLOCK", "PARALLEL_MIN_SIZE", "generate", "is_blocked", "is_column_kernel", "is_lane_kernel",
            "kernel_arguments", "module_source", "scalar_arguments"]
 
 PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
+MAX_UNSWITCHED_LOOPS = 32  # copies of the innermost loop an elementwise kernel's region read may be split into
 
 HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\n"
 BLOCK_SUM = "jitgrad.kernels.reductions.block_sum"
@@ -178,6 +182,12 @@ def _emit_rows(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
         depth = w.loop(2, kept[0], f"ch * n{kept[0]} // nc, (ch + 1) * n{kept[0]} // nc")
     else:
         depth = w.loop(1, kept[0], f"n{kept[0]}", "prange")
+    elementwise = not k.reduce_axes and not carries and len(stages) == 1 and not k.epilogue and not k.epilogue_stores
+    if elementwise and len(kept) > 1 and 1 < unswitched_loops(stages[0].body, kept[-1]) <= MAX_UNSWITCHED_LOOPS:
+        for a in kept[1:-1]:
+            depth = w.loop(depth, a, f"n{a}")
+        emit_unswitched(w, k, depth, stages[0].body, stages[0].stores, kept[-1])
+        return
     for a in kept[1:]:
         depth = w.loop(depth, a, f"n{a}")
     for s, stage in enumerate(stages):

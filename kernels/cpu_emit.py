@@ -3,12 +3,15 @@ writer with unsigned index copies, loads and computes, stores, accumulation, and
 blocked, order-dependent or rescanned for the sign of zero."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.primitive import entry_axis
 from jitgrad.kernels import carry
-from jitgrad.kernels.common import (Writer, accumulator_dtype, emit_branch, expression, identity_literal, index_text,
-                                    numba_type)
+from jitgrad.kernels.common import (Writer, accumulator_dtype, bounds_text, emit_branch, expression, identity_literal,
+                                    index_text, numba_type)
 
 CHUNKS = 64  # parallel chunks of a full reduction
 BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
@@ -45,10 +48,20 @@ class LoopWriter(Writer):
         return depth + 1
 
 
-def emit_body(w: LoopWriter, k: LoopKernel, depth: int, body: list[Load | Compute | Branch | carry.ScratchLoad]
-              ) -> None:
+@dataclass
+class Alias:
+    """`dst = src`: a region read's value where `emit_unswitched` has already chosen the case."""
+
+    dst: str
+    src: str
+
+
+def emit_body(w: LoopWriter, k: LoopKernel, depth: int,
+              body: list[Load | Compute | Branch | Alias | carry.ScratchLoad]) -> None:
     for st in body:
-        if isinstance(st, Load):
+        if isinstance(st, Alias):
+            w.line(depth, f"{st.dst} = {st.src}")
+        elif isinstance(st, Load):
             w.line(depth, f"{st.dst} = a{st.input}[{index_text(st.index, k.inputs[st.input].aval.ndim, 'u')}]")
         elif isinstance(st, carry.ScratchLoad):
             w.line(depth, f"{st.dst} = {st.array}[{row_index(k)}]")
@@ -97,3 +110,49 @@ def emit_zero_rescan(w: LoopWriter, k: LoopKernel, depth: int, stage: Stage) -> 
             inner = w.loop(inner, a, f"n{a}")
         emit_body(w, k, inner, body_slice(stage.body, r.src))
         emit_accumulate(w, inner, r, f"{r.acc}_", r.src, exact=True)
+
+
+def _one_branch(body: list) -> int | None:
+    """Where the only region read of `body` (not counting those inside its cases) is; None if it has none or several."""
+    found = [n for n, st in enumerate(body) if isinstance(st, Branch)]
+    return found[0] if len(found) == 1 else None
+
+
+def _case_bodies(body: list, n: int) -> list[list]:
+    """`body` once per case of its region read at `n`: the case's statements and its value in place of the read."""
+    branch, before, after = body[n], body[:n], body[n + 1:]
+    bodies = [before + sub + [Alias(branch.dst, value)] + after for _, sub, value in branch.cases]
+    if branch.otherwise is not None:
+        bodies.append(before + [Alias(branch.dst, branch.otherwise)] + after)
+    return bodies
+
+
+def unswitched_loops(body: list, axis: int) -> int:
+    """How many copies of the loop over `axis` `emit_unswitched` writes for `body` (1: no region read); 0 where
+    it cannot: two region reads side by side (a sum of padded slices), or a bound on `axis` itself."""
+    n = _one_branch(body)
+    if n is None:
+        return 0 if any(isinstance(st, Branch) for st in body) else 1
+    if any(entry_axis(entry) == axis for bounds, _, _ in body[n].cases for entry, _, _ in bounds):
+        return 0
+    counts = [unswitched_loops(case, axis) for case in _case_bodies(body, n)]
+    return 0 if 0 in counts else sum(counts)
+
+
+def emit_unswitched(w: LoopWriter, k: LoopKernel, depth: int, body: list, stores: list[Store], axis: int) -> None:
+    """The innermost loop (over `axis`) inside each case of the body's region read, nested ones too, rather than
+    the cases tested at every point: an im2col's nine shifted reads are nine contiguous copies of a row of
+    channels. Only where `unswitched_loops` is positive; the same statements per point, so the same values."""
+    n = _one_branch(body)
+    if n is None:
+        inner = w.loop(depth, axis, f"n{axis}")
+        emit_body(w, k, inner, body)
+        emit_stores(w, k, inner, stores)
+        return
+    branch = body[n]
+    tests = [bounds_text(bounds) if bounds else "" for bounds, _, _ in branch.cases]
+    if branch.otherwise is not None:
+        tests.append("")
+    for c, (test, case) in enumerate(zip(tests, _case_bodies(body, n))):
+        w.line(depth, "else:" if not test else f"{'if' if c == 0 else 'elif'} {test}:")
+        emit_unswitched(w, k, depth + 1, case, stores, axis)

@@ -92,15 +92,25 @@ def test_im2col_gradient_reads_through_its_pads() -> None:
 
 def test_a_copy_kernel_writes_a_region_read_of_many_views_numpy_the_rest() -> None:
     """A concatenate a host step needs as an array is a copy kernel where it replaces four host steps or more
-    (the im2col's twenty) for an array of at most 1 MiB, and numpy's concatenate where it reads two arrays as
-    they are (a compile is not worth one numpy call) or makes a larger one. numpy's bits either way."""
+    (the im2col's twenty), for an array of at most 1 MiB or one whose operand is chosen by outer positions only
+    (the im2col's, of any size), and numpy's concatenate where it reads two arrays as they are (a compile is not
+    worth one numpy call) or makes a larger one along its last axis. numpy's bits either way."""
     x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
     k = RNG.standard_normal((27, 4)).astype(np.float32)
     im2col = jg.trace(lambda x, k: im2col_loss(x, k) * 1.0)
     two = jg.trace(lambda a, b: np.concatenate([a, b], axis=1).T @ a)
     assert im2col.kernel_counts(x, k)["call"] == 2  # the patches, then ReLU and the mean
-    large = np.zeros((16, 32, 32, 3), np.float32)  # patches of 1.8 MB: numpy's copies, no kernel for them
-    assert im2col.kernel_counts(large, k)["call"] == 1
+    large = np.zeros((16, 32, 32, 3), np.float32)  # patches of 1.8 MB, shifts chosen on outer axes: a kernel too
+    assert im2col.kernel_counts(large, k)["call"] == 2
+    wide = RNG.standard_normal((512, 1024)).astype(np.float32)
+
+    def shifted_columns(a):  # 9.8 MiB of five shifts side by side along the last axis
+        return np.concatenate([np.pad(a, ((0, 0), (1, 1)))[:, i:i + 1000] for i in range(5)], axis=1)
+
+    along_last = jg.trace(shifted_columns)
+    assert along_last.kernel_counts(wide)["call"] == 0
+    assert np.array_equal(along_last(wide), shifted_columns(wide))
+    assert jg.trace(shifted_columns).kernel_counts(wide[:32])["call"] == 1  # 0.6 MiB: a copy kernel
     assert two.kernel_counts(X, Y)["call"] == 0 and "concatenate" in [
         s.eqn.prim.name for s in fusion.schedule(passes.optimize(two.plan(X, Y).graph)).steps
         if isinstance(s, HostStep)]
@@ -167,3 +177,34 @@ def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape()
         np.testing.assert_allclose(gk, kt.grad.numpy(), rtol=1e-4, atol=1e-6)
     after = compiler.stats()
     assert first[0] > 0 and after["sources"] == before["sources"] and after["signatures"] == before["signatures"]
+
+
+def test_a_region_read_on_outer_axes_tests_its_cases_once_per_row() -> None:
+    """An elementwise kernel whose one region read chooses by positions on outer axes loops over the last axis
+    inside each case (`kernels.cpu_emit.emit_unswitched`), nested pads too: an im2col copies rows of channels.
+    Two region reads side by side (a sum of pads), or one choosing along the last axis, test every point.
+    numpy's values either way."""
+    x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
+    n, h, w, c = x.shape
+
+    def patches(x):
+        p = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        return np.concatenate([p[:, dy:dy + h, dx:dx + w, :].reshape(n, h, w, 1, c)
+                               for dy in range(3) for dx in range(3)], axis=3) * 2.0
+
+    def source(fn, *inputs) -> str:
+        text = jg.trace(fn).explain(*inputs)
+        start = text.index("# call kernel 0 source")
+        return text[start:text.index("return 0", start)]
+
+    rows = source(patches, x)
+    assert rows.count("for i4 in range(n4):") == 18 and rows.index("if i3 < p") < rows.index("for i4 in"), rows
+    assert np.array_equal(jg.trace(patches)(x), patches(x))
+    side_by_side = lambda x: np.exp(np.pad(x, 1)) + np.pad(x, ((2, 0), (0, 2)))  # noqa: E731
+    points = source(side_by_side, X)
+    assert points.count("for i1 in range(n1):") == 1 and points.index("for i1 in") < points.index("if "), points
+    along_last = lambda x: np.exp(np.pad(x, ((0, 0), (1, 2))))  # noqa: E731
+    last = source(along_last, X)
+    assert last.count("for i1 in range(n1):") == 1 and last.index("for i1 in") < last.index("if "), last
+    for fn in (side_by_side, along_last):
+        np.testing.assert_allclose(jg.trace(fn)(X), fn(X), rtol=1e-6)
