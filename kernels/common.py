@@ -118,15 +118,23 @@ class Writer:
         self.lines.append("    " * depth + text)
 
 
+def case_tests(st: Branch) -> list[str]:
+    """The line opening each case of a region read, on the signed loop variables: if/elif its bounds, "else:" for
+    a last case without bounds (every point the others leave) and for the `otherwise` fill after the cases."""
+    tests = [f"{'if' if n == 0 else 'elif'} {bounds_text(bounds)}:" if bounds else "else:"
+             for n, (bounds, _, _) in enumerate(st.cases)]
+    return tests + ["else:"] if st.otherwise is not None else tests
+
+
+def case_values(st: Branch) -> list[tuple[list, str]]:
+    """Each case's statements and the name holding its value, in `case_tests`' order (the fill: none, its scalar)."""
+    cases = [(sub, value) for _, sub, value in st.cases]
+    return cases + [([], st.otherwise)] if st.otherwise is not None else cases
+
+
 def emit_branch(w: Writer, depth: int, st: Branch, emit: Callable[[int, list], None]) -> None:
-    """A region read as if/elif/else on the signed loop variables; `emit` writes a case's statements."""
-    for n, (bounds, sub, value) in enumerate(st.cases):
-        if bounds:
-            w.line(depth, f"{'if' if n == 0 else 'elif'} {bounds_text(bounds)}:")
-        else:  # the last case: every point the others leave
-            w.line(depth, "else:")
+    """A region read as if/elif/else; `emit` writes a case's statements."""
+    for test, (sub, value) in zip(case_tests(st), case_values(st)):
+        w.line(depth, test)
         emit(depth + 1, sub)
         w.line(depth + 1, f"{st.dst} = {value}")
-    if st.otherwise is not None:
-        w.line(depth, "else:")
-        w.line(depth + 1, f"{st.dst} = {st.otherwise}")

@@ -10,8 +10,8 @@ import numpy as np
 from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
 from jitgrad.primitive import entry_axis
 from jitgrad.kernels import carry
-from jitgrad.kernels.common import (Writer, accumulator_dtype, bounds_text, emit_branch, expression, identity_literal,
-                                    index_text, numba_type)
+from jitgrad.kernels.common import (Writer, accumulator_dtype, case_tests, case_values, emit_branch, expression,
+                                    identity_literal, index_text, numba_type)
 
 CHUNKS = 64  # parallel chunks of a full reduction
 BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
@@ -121,10 +121,7 @@ def _one_branch(body: list) -> int | None:
 def _case_bodies(body: list, n: int) -> list[list]:
     """`body` once per case of its region read at `n`: the case's statements and its value in place of the read."""
     branch, before, after = body[n], body[:n], body[n + 1:]
-    bodies = [before + sub + [Alias(branch.dst, value)] + after for _, sub, value in branch.cases]
-    if branch.otherwise is not None:
-        bodies.append(before + [Alias(branch.dst, branch.otherwise)] + after)
-    return bodies
+    return [before + sub + [Alias(branch.dst, value)] + after for sub, value in case_values(branch)]
 
 
 def unswitched_loops(body: list, axis: int) -> int:
@@ -149,10 +146,6 @@ def emit_unswitched(w: LoopWriter, k: LoopKernel, depth: int, body: list, stores
         emit_body(w, k, inner, body)
         emit_stores(w, k, inner, stores)
         return
-    branch = body[n]
-    tests = [bounds_text(bounds) if bounds else "" for bounds, _, _ in branch.cases]
-    if branch.otherwise is not None:
-        tests.append("")
-    for c, (test, case) in enumerate(zip(tests, _case_bodies(body, n))):
-        w.line(depth, "else:" if not test else f"{'if' if c == 0 else 'elif'} {test}:")
+    for test, case in zip(case_tests(body[n]), _case_bodies(body, n)):
+        w.line(depth, test)
         emit_unswitched(w, k, depth + 1, case, stores, axis)
