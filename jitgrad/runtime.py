@@ -10,6 +10,7 @@ them (`jitgrad.buffers`).
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 import weakref
@@ -24,9 +25,12 @@ from .buffers import BufferPool, OutputBuffers
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
 from .primitive import Kind
-from .kernels import background, compiler, cpu, helper
+from .kernels import background, compiler, cpu, helper, quick_codegen
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
+QUICK = "quick_kernel"  # the serial variant with quick machine code (`quick_codegen`), for a cold first call
+VARIANTS = {PARALLEL: {"parallel": True}, SERIAL: {}, QUICK: quick_codegen.QUICK}
+log = logging.getLogger("jitgrad.compile")
 
 
 class VariantChooser:
@@ -112,6 +116,8 @@ class _KernelCall:
     def __post_init__(self) -> None:
         self.scalars = cpu.scalar_arguments(self.kernel)
         self.helper_key: tuple | None = None  # on the first call: the kernel offered to `kernels.helper`
+        self.serial = SERIAL  # what runs the serial kernel: QUICK until its full-level code is in (`promote`)
+        self.full_level: tuple | None = None  # argument types of the full-level code `promote` asked for
 
     def guessed_signature(self, slots: list[Any]) -> tuple:
         """numba's types of this call's arguments, guessed before the first call runs: the call's inputs and
@@ -128,23 +134,34 @@ class _KernelCall:
         for p in self.contiguous:
             arrays[p] = np.ascontiguousarray(arrays[p])
         args = cpu.kernel_arguments(self.kernel, arrays, outs, self.scalars)
-        variant = self.chooser.next()
+        chosen = self.chooser.next()
         if self.chooser.choice is not None:
-            self.compiled.call(variant, args)
-        elif variant == PARALLEL and not self.compiled.ready(PARALLEL, args):
+            self.compiled.call(self.serial if chosen == SERIAL else chosen, args)
+        elif chosen == PARALLEL and not self.compiled.ready(PARALLEL, args):
             # Tiered start: the serial variant compiles faster and answers the first calls, while the
             # parallel one compiles in the background; timing both starts once it is ready.
-            self.compiled.call(SERIAL, args)
+            self.compiled.call(self.serial, args)
             if PARALLEL in self.compiled.failed:
                 self.chooser.keep(SERIAL)
             else:
                 self.compiled.compile_in_background(PARALLEL, args)
         else:
             start = time.perf_counter()
-            self.compiled.call(variant, args)
-            self.chooser.record(variant, time.perf_counter() - start)
+            self.compiled.call(self.serial if chosen == SERIAL else chosen, args)
+            self.chooser.record(chosen, time.perf_counter() - start)
+        if self.serial == QUICK:
+            self.promote(args)
         for i, o in zip(self.outputs, outs):
             slots[i] = o
+
+    def promote(self, args: list[Any]) -> None:
+        """A quick kernel's full-level code: after its first call, compiled in the background before any parallel
+        variant; the calls after it is in run it, the quick code until then."""
+        if self.full_level is None:
+            self.full_level = tuple(numba.typeof(a) for a in args)
+            self.compiled.compile_in_background(SERIAL, args, urgent=True)
+        elif self.full_level in self.compiled.functions[SERIAL].overloads:
+            self.serial = SERIAL
 
 
 @dataclass
@@ -265,7 +282,7 @@ class Executable:
             return _HostCall(e.prim.impl, dict(e.params), [self._slot(a) for a in e.inputs],
                              [self._slot(o) for o in e.outs], e.prim.fresh_output,
                              site if site is not None and site.pooled else None)
-        compiled = compiler.load(cpu.module_source(step), {PARALLEL: {"parallel": True}, SERIAL: {}})
+        compiled = compiler.load(cpu.module_source(step), VARIANTS)
         size = int(np.prod(step.domain, dtype=np.int64))
         site = self.buffers.site([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs])
         return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],
@@ -321,19 +338,24 @@ class Executable:
 
     def _offer_to_helper(self, slots: list[Any]) -> helper.CompileHelper | None:
         """Queue the kernels this first call will compile for the compile helper, largest first; None when it
-        is not used (too few kernels to build, or `helper.helper` is None)."""
+        is not used (too few kernels to build, or `helper.helper` is None). Kernels whose serial machine code is
+        neither here nor on disk run their quick code (`quick_codegen`), built here and there or read from disk,
+        until `_KernelCall.promote` has their full-level code."""
         compile_helper = helper.helper()
         if compile_helper is None:
             return None
-        jobs: dict[tuple, tuple[int, helper.Job]] = {}
-        for c in self.calls:
-            if isinstance(c, _KernelCall):
-                job = helper.job_for(c.compiled, SERIAL, c.guessed_signature(slots))
-                c.helper_key = None if job is None else job.key
-                if job is not None:
-                    jobs.setdefault(job.key, (len(c.compiled.source), job))
-        if len(jobs) < helper.MIN_KERNELS:
+        to_build = [(c, signature) for c in self.calls if isinstance(c, _KernelCall)
+                    for signature in [c.guessed_signature(slots)] if helper.job_for(c.compiled, SERIAL, signature)]
+        if len({(c.compiled.name, signature) for c, signature in to_build}) < helper.MIN_KERNELS:
             return None
+        variant = QUICK if quick_codegen.enabled() else SERIAL
+        jobs: dict[tuple, tuple[int, helper.Job]] = {}
+        for c, signature in to_build:
+            c.serial = variant
+            job = helper.job_for(c.compiled, variant, signature)
+            c.helper_key = None if job is None else job.key
+            if job is not None:
+                jobs.setdefault(job.key, (len(c.compiled.source), job))
         compile_helper.offer([job for _, job in sorted(jobs.values(), key=lambda sized: -sized[0])])
         return compile_helper
 

@@ -1,5 +1,6 @@
-"""Compiles nobody waits for (the parallel variants of kernels), one at a time in one worker thread,
-each started only once no compile on another thread has run for QUIET_S seconds.
+"""Compiles nobody waits for (the full-level code of quick kernels first, then parallel variants), one at
+a time in one worker thread, each started only once no compile on another thread has run for QUIET_S
+seconds.
 
 numba compiles one function at a time, under one process-wide lock, and a compile cannot be
 interrupted: a background compile in progress makes a foreground compile wait for its end. A first
@@ -27,6 +28,7 @@ class Scheduler:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._jobs: deque[Callable[[], None]] = deque()
+        self._urgent = 0  # jobs at the front of the queue submitted with `urgent`
         self._worker: threading.Thread | None = None
         self._running = False
         self._foreground = 0  # compiles under way on other threads
@@ -37,12 +39,17 @@ class Scheduler:
     def worker(self) -> threading.Thread | None:
         return self._worker
 
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run `job` in the background once the foreground has been quiet for QUIET_S seconds."""
+    def submit(self, job: Callable[[], None], urgent: bool = False) -> None:
+        """Run `job` in the background once the foreground has been quiet for QUIET_S seconds; an urgent job
+        runs before every job that is not (quick kernels' full-level code before parallel variants)."""
         with self._cond:
             if self._closing:
                 return
-            self._jobs.append(job)
+            if urgent:
+                self._jobs.insert(self._urgent, job)
+                self._urgent += 1
+            else:
+                self._jobs.append(job)
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="jitgrad-background-compiles")
                 self._worker.start()
@@ -80,6 +87,7 @@ class Scheduler:
         with self._cond:
             self._closing = True
             self._jobs.clear()
+            self._urgent = 0
             self._cond.notify_all()
 
     def _next(self) -> Callable[[], None] | None:
@@ -92,6 +100,7 @@ class Scheduler:
                 quiet = time.monotonic() - self._last_foreground
                 if self._foreground == 0 and quiet >= QUIET_S:
                     self._running = True
+                    self._urgent = max(self._urgent - 1, 0)
                     return self._jobs.popleft()
                 self._cond.wait(max(QUIET_S - quiet, 0.05))
 

@@ -1,17 +1,16 @@
 """Turns generated kernel source into numba dispatchers: once per source text in a process, and
 once per source, signature and CPU on a machine.
 
-A source runs as a module named by its content hash (`source_key`: the text and the jitgrad
-modules it imports, whose code numba compiles into the kernel). Machine code persists through
-`DiskCache`, numba's per-dispatcher cache protocol written over `jitgrad.cache`: one checksummed
-file per (function, numba options, argument types, CPU), renamed into place, holding its full key
-so a file copied or renamed over another is a miss, never another kernel's code. numba's own
-`cache=True` is not used because its per-function index is read-modified-written without a lock
-(two processes can drop each other's entries or pair an index slot with another signature's
-code) and a damaged index or data file raises instead of recompiling. numba's compile event says
-which kernels compile and for how long (logger `jitgrad.compile`), and `function_passes` when one
-is under way. Threads: modules load under a lock, numba compiles under its own, and parallel calls
-queue under numba's workqueue layer.
+A source runs as a module named by its content hash (`source_key`: the text and the jitgrad modules it
+imports, whose code numba compiles into the kernel). Machine code persists through `DiskCache`, numba's
+per-dispatcher cache protocol written over `jitgrad.cache`: one checksummed file per (function, numba
+options, argument types, CPU), renamed into place, holding its full key so a file copied or renamed over
+another is a miss, never another kernel's code. numba's own `cache=True` is not used because its
+per-function index is read-modified-written without a lock (two processes can drop each other's entries
+or pair an index slot with another signature's code) and a damaged index or data file raises instead of
+recompiling. numba's compile event says which kernels compile and for how long (logger `jitgrad.compile`),
+and `function_passes` and `quick_codegen` when one is under way. Threads: modules load under a lock,
+numba compiles under its own, and parallel calls queue under numba's workqueue layer.
 """
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ from numba.core.runtime import rtsys
 from numba.core.serialize import dumps
 
 from jitgrad import cache
-from jitgrad.kernels import background, collector, function_passes
+from jitgrad.kernels import background, collector, function_passes, quick_codegen
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -146,10 +145,10 @@ class DiskCache(_Cache):
     def entry_key(self, sig: Any, codegen: Any) -> str:
         """Everything the machine code for `sig` depends on: the jitgrad, numba and Python versions,
         the kernel's source hash and function, its numba options, the argument types, numba's magic
-        tuple of the CPU (target triple, CPU name, CPU features), numba's OPT and BOUNDSCHECK, and the
-        optimisation level `function_passes` gives kernels."""
-        return repr((cache.version_tag(), self._stem, self._options, str(sig), codegen.magic_tuple(),
-                     numba_config.OPT, numba_config.BOUNDSCHECK, function_passes.cache_tag()))
+        tuple of the CPU (target triple, CPU name, CPU features), numba's OPT and BOUNDSCHECK, and what
+        `function_passes` and `quick_codegen` change in machine code."""
+        return repr((cache.version_tag(), self._stem, self._options, str(sig), codegen.magic_tuple(), numba_config.OPT,
+                     numba_config.BOUNDSCHECK, function_passes.cache_tag(), quick_codegen.cache_tag()))
 
     def entry_path(self, sig: Any, codegen: Any) -> str:
         """The file for `sig` on this CPU, named by a hash of its key (the key itself is inside)."""
@@ -232,6 +231,7 @@ class _CompileLog(numba_event.Listener):
         start, done = time.perf_counter(), threading.Event()
         self._running[(threading.get_ident(), id(dispatcher))] = (start, done)
         function_passes.kernel_compile_started()
+        quick_codegen.compile_started(dispatcher)
         if threading.current_thread() is not background.scheduler.worker:
             collector.pause.enter()
             background.scheduler.foreground_started()
@@ -250,6 +250,7 @@ class _CompileLog(numba_event.Listener):
         if running is None:
             return
         function_passes.kernel_compile_ended()
+        quick_codegen.compile_ended(dispatcher)
         if threading.current_thread() is not background.scheduler.worker:
             collector.pause.exit()
             background.scheduler.foreground_ended()
@@ -324,10 +325,10 @@ class CompiledSource:
         """Is `variant` compiled (or loaded) for these arguments' types?"""
         return tuple(numba.typeof(a) for a in args) in self.functions[variant].overloads
 
-    def compile_in_background(self, variant: str, args: list[Any]) -> None:
+    def compile_in_background(self, variant: str, args: list[Any], urgent: bool = False) -> None:
         """Compile `variant` for these arguments' types in the background (`jitgrad.kernels.background`:
-        one at a time, when no other compile runs), once per signature; calls meanwhile use another
-        variant. A failure marks the variant `failed` and is logged."""
+        one at a time, when no other compile runs; `urgent` ones first), once per signature; calls meanwhile
+        use another variant. A failure marks the variant `failed` and is logged."""
         signature = tuple(numba.typeof(a) for a in args)
         with _lock:
             if (variant, signature) in self._background or variant in self.failed:
@@ -338,12 +339,11 @@ class CompiledSource:
             try:
                 self.functions[variant].compile(signature)
             except Exception:
-                log.exception("background compile of %s.%s failed; the other variant stays in use",
-                              self.name, variant)
+                log.exception("background compile of %s.%s failed; another variant stays in use", self.name, variant)
                 self.failed.add(variant)
             self._count_new_overloads(variant)
 
-        background.scheduler.submit(compile_variant)
+        background.scheduler.submit(compile_variant, urgent)
 
 
 def _module(name: str, source: str, path: str | None) -> types.ModuleType:
@@ -359,7 +359,7 @@ def _module(name: str, source: str, path: str | None) -> types.ModuleType:
 
 
 def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
-    """Compile (lazily) the functions named in `variants` from `source`, with those numba options."""
+    """Compile (lazily) the functions named in `variants` from `source`, with those options (numba's, QUICK's)."""
     key = source_key(source)
     with _lock:
         found = _modules.get(key)
@@ -373,7 +373,8 @@ def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
         module = _module(name, source, path)
         functions = {}
         for fname, opts in variants.items():
-            dispatcher = numba.njit(error_model="numpy", **opts)(getattr(module, fname))
+            dispatcher = numba.njit(error_model="numpy", **quick_codegen.numba_options(opts))(getattr(module, fname))
+            quick_codegen.mark(dispatcher, opts)
             if folder is not None:
                 dispatcher._cache = DiskCache(folder, name, fname, opts)
             functions[fname] = dispatcher
@@ -389,11 +390,10 @@ def wait_for_background_compiles() -> None:
 
 
 def stats() -> dict[str, int]:
-    """Process-wide counters, shared by every traced function (see docs/caching.md, counters):
-    `sources` kernel sources held and `kernels_loaded` made into modules; `builds` machine code
-    compiled by numba, `disk_hits` machine code loaded from the disk cache instead, `signatures`
-    the two together (new argument signatures of kernel dispatchers; `numba_compiles` is its former
-    name, kept for existing callers); `disk_writes` entries stored and `disk_rejected` entries found
-    but refused (damaged, another key's, another owner's, or unloadable), each then built."""
+    """Process-wide counters, shared by every traced function (see docs/caching.md, counters): `sources` kernel
+    sources held and `kernels_loaded` made into modules; `builds` machine code compiled by numba, `disk_hits` machine
+    code loaded from the disk cache instead, `signatures` the two together (new argument signatures of kernel
+    dispatchers; `numba_compiles` is its former name, kept for existing callers); `disk_writes` entries stored and
+    `disk_rejected` entries found but refused (damaged, another key's, another owner's, or unloadable), each built."""
     with _lock:
         return dict(_STATS, sources=len(_modules), numba_compiles=_STATS["signatures"])

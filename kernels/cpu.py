@@ -221,9 +221,11 @@ def generate(k: LoopKernel, name: str, parallel: bool = True) -> str:
 
 
 def module_source(k: LoopKernel) -> str:
-    """A module defining the kernel twice, `parallel_kernel` and `serial_kernel`, so numba caches each."""
+    """A module defining the kernel twice, `parallel_kernel` and `serial_kernel`, so numba caches each, and
+    `quick_kernel`, the serial one under the name of its quick machine code (`quick_codegen`)."""
     header = HEADER + "".join(line + "\n" for line in helper_imports(k))
-    return header + "\n\n" + generate(k, "parallel_kernel") + "\n\n" + generate(k, "serial_kernel", parallel=False)
+    return (header + "\n\n" + generate(k, "parallel_kernel") + "\n\n" + generate(k, "serial_kernel", parallel=False)
+            + "\n\n\nquick_kernel = serial_kernel\n")
 
 
 def scalar_arguments(k: LoopKernel) -> list[Any]:
