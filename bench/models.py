@@ -292,9 +292,7 @@ def measure_model(model: Model, s: Size, cands: list[wl.Candidate], rounds: int)
     runs, results = runner.first_calls(model, s, wl.VALUE_AND_GRAD, inputs, cands, cells)
     runner.check_against_eager(model, wl.VALUE_AND_GRAD, results, cells)
     del results
-    start = time.perf_counter()
-    compiler.wait_for_background_compiles()  # a new size may compile parallel variants: time them apart
-    background = time.perf_counter() - start
+    background = runner.settle_jitgrad(runs)  # quick kernels' full-level code, parallel variants: timed apart
     done = runner.time_round_robin(runs, cells, rounds, sample_seconds=0.0, row_seconds=MODEL_ROW_SECONDS)
     p99 = {n: float(np.percentile(c.samples, 99)) * 1e3 for n, c in cells.items() if c.samples}
     return TimingRow(model.name, s.label, done, cells, p99, background)

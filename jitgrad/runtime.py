@@ -29,6 +29,7 @@ from .kernels import background, compiler, cpu, helper, quick_codegen
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
 QUICK = "quick_kernel"  # the serial variant with quick machine code (`quick_codegen`), for a cold first call
+PROMOTE_AT_CALL = 2  # a quick kernel's full-level code is compiled once it runs again (a loop), not for one call
 VARIANTS = {PARALLEL: {"parallel": True}, SERIAL: {}, QUICK: quick_codegen.QUICK}
 log = logging.getLogger("jitgrad.compile")
 
@@ -118,6 +119,7 @@ class _KernelCall:
         self.helper_key: tuple | None = None  # on the first call: the kernel offered to `kernels.helper`
         self.serial = SERIAL  # what runs the serial kernel: QUICK until its full-level code is in (`promote`)
         self.full_level: tuple | None = None  # argument types of the full-level code `promote` asked for
+        self.quick_calls = 0
 
     def guessed_signature(self, slots: list[Any]) -> tuple:
         """numba's types of this call's arguments, guessed before the first call runs: the call's inputs and
@@ -155,8 +157,12 @@ class _KernelCall:
             slots[i] = o
 
     def promote(self, args: list[Any]) -> None:
-        """A quick kernel's full-level code: after its first call, compiled in the background before any parallel
-        variant; the calls after it is in run it, the quick code until then."""
+        """A quick kernel's full-level code: from its PROMOTE_AT_CALL-th call on, compiled in the background before
+        any parallel variant; the calls after it is in run it, the quick code until then (a kernel a script
+        runs once is never compiled twice)."""
+        self.quick_calls += 1
+        if self.quick_calls < PROMOTE_AT_CALL:
+            return
         if self.full_level is None:
             self.full_level = tuple(numba.typeof(a) for a in args)
             self.compiled.compile_in_background(SERIAL, args, urgent=True)

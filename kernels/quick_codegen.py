@@ -5,8 +5,8 @@ numba turns a kernel's optimised IR into machine code at level 3 (numba's OPT): 
 the greedy register allocator and machine-level loop passes, about a fifth of a kernel's compile. At level
 0 (`CODEGEN_LEVEL`) that step is quicker and the code runs about 1.5x slower; the IR, and so every
 floating-point operation and its rounding, is the same. A first call that compiles many kernels with the
-compile helper compiles them this way (the `quick_kernel` variant, here and in the helper); right after,
-each compiles at the full level in the background (`jitgrad.runtime`), which later calls then run.
+compile helper compiles them this way (the `quick_kernel` variant, here and in the helper); once one runs
+again, its full level compiles in the background (`jitgrad.runtime`), and later calls run that.
 
 Level 0 normally selects instructions with FastISel, which does not fuse a multiply and an add that
 vecmath marks `contract` where the full level does (other bits than the full-level kernel, e.g. float64
