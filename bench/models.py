@@ -685,8 +685,9 @@ def render(results: ModelResults, table: Callable[[list[str], list[list[str]]], 
         lines += [table(*timing_table(results)), "",
                   "median and 99th-percentile ms per call (one call per sample); '1st s' = first call in this "
                   "process (small: kernels from the cold child's cache; medium: a new size of the same traced "
-                  "function); 'jitgrad background s' = the wait after the first calls for parallel variants "
-                  "compiling in the background (a new size may need them), before the timed rounds; while they "
+                  "function); 'jitgrad background s' = the wait, after one more jitgrad call, for the background "
+                  "compiles the first calls left (the full-level code of quick kernels that ran again, parallel "
+                  "variants a new size may need), before the timed rounds; while they "
                   "compile, jitgrad's calls share the cores and the GIL with the compiler and run several times "
                   "slower; X/jitgrad = X's median over jitgrad's; check against eager PyTorch as above.", "",
                   "Models (float32, value-and-grad wrt every weight):",

@@ -1,5 +1,5 @@
 """Lighter LLVM optimisation while a generated kernel compiles: no per-function round, and the whole-module
-round at level KERNEL_MODULE_OPT instead of numba's OPT (3), without loop unrolling.
+round at level KERNEL_MODULE_OPT instead of numba's OPT (3).
 
 numba optimises each function of a new library at its OPT level on its own, then the linked module at that
 level again. For the generated kernels (and what they compile on the way: vecmath, np.empty) the first round
@@ -8,23 +8,18 @@ cold first call (transformer 4.0-4.3 -> 3.5-3.8 s with the compile helper, inter
 level 2 rather than 3 gives the same bits (no fast-math flags: LLVM may not reorder float arithmetic at any
 level) and the same speed over the bench models' kernels (sum of the per-kernel minimum run times of the
 transformer's twenty kernels at both sizes, 8557 us at 3 and 8570 us at 2), while its passes and the machine
-code generation after them (less unrolled code) take about a quarter less time. LLVM's loop unroller
-(`KERNEL_LOOP_UNROLLING`) adds nothing either: vectorised loops are already interleaved, and `block_sum`'s
-lanes are explicit; without it, the same bits and the same speed (summed per-kernel minimum run times of the
-medium models' 33 kernels 8372 us with, 8314 us without), and 5-9% less compile time. Other numba code in
-the process, compiled outside a kernel's compile, is optimised as numba does it. With a numba that lacks
-these methods, nothing changes.
+code generation after them (less unrolled code) take about a quarter less time. Other numba code in the
+process, compiled outside a kernel's compile, is optimised as numba does it. With a numba that lacks these
+methods, nothing changes.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-import llvmlite.binding as llvm
 from numba.core import codegen as numba_codegen
 
 KERNEL_MODULE_OPT = 2  # LLVM level of the whole-module round in a kernel's compile (part of the disk cache key)
-KERNEL_LOOP_UNROLLING = False  # LLVM's loop unroller in a kernel's compile (part of the disk cache key)
 _thread = threading.local()  # per thread: `depth`, how many kernel compiles are under way (a kernel's nests)
 
 
@@ -43,27 +38,12 @@ def depth() -> int:
     return getattr(_thread, "depth", 0)
 
 
-def cache_tag() -> tuple[str, int, str, bool]:
+def cache_tag() -> tuple[str, int]:
     """What these passes change in a kernel's machine code, for the disk cache key."""
-    return ("kernel-module-opt", KERNEL_MODULE_OPT, "loop-unrolling", KERNEL_LOOP_UNROLLING)
+    return ("kernel-module-opt", KERNEL_MODULE_OPT)
 
 
 def _install() -> None:
-    numba_pass_builder = getattr(numba_codegen, "create_pass_builder", None)
-    if numba_pass_builder is not None and hasattr(llvm, "create_pipeline_tuning_options"):
-        def create_pass_builder(tm: Any, opt: int = 2, loop_vectorize: bool = False, slp_vectorize: bool = False
-                                ) -> Any:
-            if not depth():
-                return numba_pass_builder(tm, opt=opt, loop_vectorize=loop_vectorize, slp_vectorize=slp_vectorize)
-            tuning = llvm.create_pipeline_tuning_options()  # numba's options, and the unroller as set above
-            tuning.speed_level = opt
-            tuning.loop_vectorization = loop_vectorize
-            tuning.slp_vectorization = slp_vectorize
-            tuning.loop_unrolling = KERNEL_LOOP_UNROLLING
-            return llvm.create_pass_builder(tm, tuning)
-
-        numba_codegen.create_pass_builder = create_pass_builder
-
     codegen = numba_codegen.CPUCodegen
     module_passes = getattr(codegen, "_module_pass_manager", None)
     if module_passes is not None:

@@ -6,7 +6,6 @@ compile (`jitgrad.kernels.function_passes`), with the same bits as numba's own l
 import gc
 import threading
 
-import llvmlite.binding as llvm
 import numba
 import numpy as np
 import pytest
@@ -216,39 +215,16 @@ def test_kernel_module_level_only_in_kernel_compiles_and_same_bits(probe, monkey
     assert {opt for _, opt in levels} == {0, numba.config.OPT} and not any(d for d, _ in levels)
 
     assert len(calls) >= 2
-    settings = ((numba.config.OPT, True), (function_passes.KERNEL_MODULE_OPT, function_passes.KERNEL_LOOP_UNROLLING))
-    for py_func, options, args in calls:  # each kernel compiled again at numba's level and unrolled: the same bits
+    for py_func, options, args in calls:  # each kernel compiled again at numba's level: the same bits
         outputs = {}
-        for level, unrolling in settings:
+        for level in (numba.config.OPT, function_passes.KERNEL_MODULE_OPT):
             monkeypatch.setattr(function_passes, "KERNEL_MODULE_OPT", level)
-            monkeypatch.setattr(function_passes, "KERNEL_LOOP_UNROLLING", unrolling)
             copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
             numba.njit(error_model="numpy", **quick_codegen.numba_options(options))(py_func)(*copies)
-            outputs[level, unrolling] = copies
+            outputs[level] = copies
         for at_numba_level, at_kernel_level in zip(*outputs.values()):
             if isinstance(at_numba_level, np.ndarray):
                 assert at_numba_level.tobytes() == at_kernel_level.tobytes()
-
-
-def test_loop_unroller_off_only_in_kernel_compiles(probe, monkeypatch) -> None:
-    unrolling: list[tuple[int, bool]] = []  # (kernel compiles under way, unroller on) of every pass pipeline built
-    create = llvm.create_pass_builder
-
-    def recording(tm, tuning):
-        unrolling.append((function_passes.depth(), tuning.loop_unrolling))
-        return create(tm, tuning)
-
-    monkeypatch.setattr(llvm, "create_pass_builder", recording)
-    x = np.linspace(-2, 2, 91, dtype=np.float32)
-    jg.trace(lambda x: np.sum(np.tanh(x) * np.exp(-x * x) + x))(x)
-
-    @numba.njit
-    def users_own(a):
-        return a * a - 1
-
-    users_own(x)
-    assert {on for d, on in unrolling if d} == {function_passes.KERNEL_LOOP_UNROLLING} == {False}
-    assert {on for d, on in unrolling if not d} == {True}
 
 
 def test_kernel_module_level_in_disk_cache_key(tmp_path) -> None:
