@@ -151,11 +151,12 @@ def test_kernels_reading_reshaped_slices_get_contiguous_arrays() -> None:
 
 
 
-def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape() -> None:
+def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape(monkeypatch) -> None:
     """A region read's bounds and offsets are the kernel's int64 arguments (`loops.Param`): the im2col of a
     second layer with other channels and sides, and a new batch size, reuse the first one's compiled kernels
     (equal values of a kind share one argument, so shapes where a pad's edge equals a multiple of the channels,
     side 6 with 3 channels, compile their own: avoided here)."""
+    monkeypatch.setenv("JITGRAD_QUICK_KERNELS", "0")  # counts new signatures: no background full-level code
     rng = np.random.default_rng(3)
 
     def conv(x, k):
