@@ -10,7 +10,6 @@ them (`jitgrad.buffers`).
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 import weakref
@@ -31,7 +30,6 @@ PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of eve
 QUICK = "quick_kernel"  # the serial variant with quick machine code (`quick_codegen`), for a cold first call
 PROMOTE_AT_CALL = 2  # a quick kernel's full-level code is compiled once it runs again (a loop), not for one call
 VARIANTS = {PARALLEL: {"parallel": True}, SERIAL: {}, QUICK: quick_codegen.QUICK}
-log = logging.getLogger("jitgrad.compile")
 
 
 class VariantChooser:
@@ -137,8 +135,9 @@ class _KernelCall:
             arrays[p] = np.ascontiguousarray(arrays[p])
         args = cpu.kernel_arguments(self.kernel, arrays, outs, self.scalars)
         chosen = self.chooser.next()
+        variant = self.serial if chosen == SERIAL else chosen
         if self.chooser.choice is not None:
-            self.compiled.call(self.serial if chosen == SERIAL else chosen, args)
+            self.compiled.call(variant, args)
         elif chosen == PARALLEL and not self.compiled.ready(PARALLEL, args):
             # Tiered start: the serial variant compiles faster and answers the first calls, while the
             # parallel one compiles in the background; timing both starts once it is ready.
@@ -149,7 +148,7 @@ class _KernelCall:
                 self.compiled.compile_in_background(PARALLEL, args)
         else:
             start = time.perf_counter()
-            self.compiled.call(self.serial if chosen == SERIAL else chosen, args)
+            self.compiled.call(variant, args)
             self.chooser.record(chosen, time.perf_counter() - start)
         if self.serial == QUICK:
             self.promote(args)
@@ -350,15 +349,17 @@ class Executable:
         compile_helper = helper.helper()
         if compile_helper is None:
             return None
-        to_build = [(c, signature) for c in self.calls if isinstance(c, _KernelCall)
-                    for signature in [c.guessed_signature(slots)] if helper.job_for(c.compiled, SERIAL, signature)]
-        if len({(c.compiled.name, signature) for c, signature in to_build}) < helper.MIN_KERNELS:
+        to_build = [(c, job) for c in self.calls if isinstance(c, _KernelCall)
+                    for job in [helper.job_for(c.compiled, SERIAL, c.guessed_signature(slots))] if job is not None]
+        if len({job.key for _, job in to_build}) < helper.MIN_KERNELS:
             return None
-        variant = QUICK if quick_codegen.enabled() else SERIAL
+        quick = quick_codegen.enabled()
         jobs: dict[tuple, tuple[int, helper.Job]] = {}
-        for c, signature in to_build:
-            c.serial = variant
-            job = helper.job_for(c.compiled, variant, signature)
+        for c, serial_job in to_build:
+            job: helper.Job | None = serial_job
+            if quick:  # the quick code is built instead, unless it is on disk already
+                c.serial = QUICK
+                job = helper.job_for(c.compiled, QUICK, serial_job.key[2])
             c.helper_key = None if job is None else job.key
             if job is not None:
                 jobs.setdefault(job.key, (len(c.compiled.source), job))

@@ -45,11 +45,10 @@ def numba_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in QUICK}
 
 
-def mark(dispatcher: Any, options: dict[str, Any]) -> Any:
-    """`dispatcher`, remembered as one that compiles the quick way when `options` hold QUICK's."""
+def mark(dispatcher: Any, options: dict[str, Any]) -> None:
+    """Remember `dispatcher` as one that compiles the quick way when `options` hold QUICK's."""
     if all(options.get(k) == v for k, v in QUICK.items()):
         _quick.add(dispatcher)
-    return dispatcher
 
 
 def compile_started(dispatcher: Any) -> None:
