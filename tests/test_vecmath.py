@@ -148,7 +148,8 @@ def test_exp_special_values(dtype):
     big, small = (89.0, -104.0) if dtype == np.float32 else (710.0, -746.0)
     _check_exact("vexp", dtype, [(INF, INF), (-INF, 0.0), (NAN, NAN), (0.0, 1.0), (-0.0, 1.0),
                                  (denormal, 1.0), (-denormal, 1.0), (big, INF), (1e30, INF),
-                                 (small, 0.0), (-1e30, 0.0), (fi.max, INF), (-fi.max, 0.0)])
+                                 (small, 0.0), (float(np.nextafter(dtype(small), dtype(-INF))), 0.0), (-1e30, 0.0),
+                                 (fi.max, INF), (-fi.max, 0.0)])
     # The smallest denormal result, not 0.
     x = np.array([-103.5 if dtype == np.float32 else -744.9], dtype)
     assert apply("vexp", x)[0] == denormal
