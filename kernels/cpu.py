@@ -21,7 +21,9 @@ contiguous columns vectorised, each column's terms in the row kernel's lanes and
 same bits without a strided walk per output element; reductions exact in any order over middle axes
 with the last axis kept (a max-pool) are lane kernels, channels innermost (`jitgrad.kernels.cpu_columns`).
 An elementwise kernel whose one region read chooses by outer positions only tests its cases once per row, the
-innermost loop written inside each case (`cpu_emit.emit_unswitched`: LLVM does not unswitch these loops).
+innermost loop written inside each case (`cpu_emit.emit_unswitched`: LLVM does not unswitch these loops); region
+reads that choose by the innermost position split that loop into segments (`cpu_split`), in elementwise and
+column kernels.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from jitgrad.kernels.cpu_columns import emit_columns, emit_lanes, is_column_kern
 from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LoopWriter, emit_accumulate, emit_body, emit_stores,
                                       emit_unswitched, emit_zero_rescan, is_blocked, order_dependent, row_index,
                                       unswitched_loops)
+from jitgrad.kernels.cpu_split import emit_split_loop, split_points
 
 __all__ = ["BLOCK", "PARALLEL_MIN_SIZE", "generate", "is_blocked", "is_column_kernel", "is_lane_kernel",
            "kernel_arguments", "module_source", "scalar_arguments"]
@@ -187,6 +190,17 @@ def _emit_rows(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
         for a in kept[1:-1]:
             depth = w.loop(depth, a, f"n{a}")
         emit_unswitched(w, k, depth, stages[0].body, stages[0].stores, kept[-1])
+        return
+    points = split_points(stages[0].body, kept[-1]) if elementwise and len(kept) > 1 else None
+    if points is not None:
+        for a in kept[1:-1]:
+            depth = w.loop(depth, a, f"n{a}")
+
+        def point(at: int, statements: list) -> None:
+            emit_body(w, k, at, statements)
+            emit_stores(w, k, at, stages[0].stores)
+
+        emit_split_loop(w, depth, kept[-1], "0", f"n{kept[-1]}", stages[0].body, points, w.loop, point)
         return
     for a in kept[1:]:
         depth = w.loop(depth, a, f"n{a}")

@@ -12,6 +12,7 @@ from jitgrad.kernels import carry
 from jitgrad.kernels.common import accumulator_dtype, identity_literal, numba_type
 from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LANES, LoopWriter, emit_accumulate, emit_body, emit_stores,
                                       emit_zero_rescan, is_blocked, order_dependent, rescans_zero)
+from jitgrad.kernels.cpu_split import emit_split_loop, split_points
 
 COLUMN_TILE = 256  # columns a column kernel sums at once (its lane sums: 64 KiB)
 
@@ -29,7 +30,8 @@ def emit_columns(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
     """A column kernel: per tile of up to COLUMN_TILE columns of the last kept axis, every row of the
     reduced axes in order, adding each column's terms into `LANES` lane sums per block of BLOCK rows
     (lane j takes rows j, j + LANES, ...) that combine as `block_sum`'s balanced tree of halves: the same
-    terms in the same order as a row kernel, so the same bits, with contiguous loads."""
+    terms in the same order as a row kernel, so the same bits, with contiguous loads. Region reads bounded on
+    the columns' axis split the column loop into segments (`cpu_split`)."""
     (stage,) = k.stages
     kept, reduced = k.kept_axes, k.reduce_axes
     first, last = kept[0], kept[-1]
@@ -68,12 +70,19 @@ def emit_columns(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
     body = w.loop(inner + 1, row, f"b{row}, min(b{row} + {BLOCK}, n{row})")
     lane_of = {r.acc: LANES[np.dtype(r.dtype)] - 1 for r in stage.reductions}
     w.line(body, f"ln{row} = np.uint64(i{row} - b{row})")
-    body = w.loop(body, last, f"tl{last}, tl{last} + wd{last}")
-    emit_body(w, k, body, stage.body)
-    for r in stage.reductions:
-        cell = f"{r.acc}_l[ln{row} & np.uint64({lane_of[r.acc]}), np.uint64(i{last} - tl{last})]"
-        w.line(body, f"{cell} = {cell} + {numba_type(r.dtype)}({r.src})")
-    emit_stores(w, k, body, stage.stores)
+
+    def point(at: int, statements: list) -> None:
+        emit_body(w, k, at, statements)
+        for r in stage.reductions:
+            cell = f"{r.acc}_l[ln{row} & np.uint64({lane_of[r.acc]}), np.uint64(i{last} - tl{last})]"
+            w.line(at, f"{cell} = {cell} + {numba_type(r.dtype)}({r.src})")
+        emit_stores(w, k, at, stage.stores)
+
+    points = split_points(stage.body, last)
+    if points is None:
+        point(w.loop(body, last, f"tl{last}, tl{last} + wd{last}"), stage.body)
+    else:
+        emit_split_loop(w, body, last, f"tl{last}", f"tl{last} + wd{last}", stage.body, points, w.loop, point)
     for lanes, group in by_lanes.items():  # the tree of halves as one loop nest for every sum of these lanes
         w.line(inner + 1, f"hw = {lanes}")
         w.line(inner + 1, "while hw > 1:")

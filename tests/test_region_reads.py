@@ -183,8 +183,8 @@ def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape(m
 def test_a_region_read_on_outer_axes_tests_its_cases_once_per_row() -> None:
     """An elementwise kernel whose one region read chooses by positions on outer axes loops over the last axis
     inside each case (`kernels.cpu_emit.emit_unswitched`), nested pads too: an im2col copies rows of channels.
-    Two region reads side by side (a sum of pads), or one choosing along the last axis, test every point.
-    numpy's values either way."""
+    Two region reads side by side on both axes (a sum of pads) test every point; one choosing along the last
+    axis splits that loop into segments (`kernels.cpu_split`). numpy's values either way."""
     x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
     n, h, w, c = x.shape
 
@@ -206,6 +206,41 @@ def test_a_region_read_on_outer_axes_tests_its_cases_once_per_row() -> None:
     assert points.count("for i1 in range(n1):") == 1 and points.index("for i1 in") < points.index("if "), points
     along_last = lambda x: np.exp(np.pad(x, ((0, 0), (1, 2))))  # noqa: E731
     last = source(along_last, X)
-    assert last.count("for i1 in range(n1):") == 1 and last.index("for i1 in") < last.index("if "), last
+    assert last.count("for i1 in range(") == 3 and "if " not in last, last
     for fn in (side_by_side, along_last):
         np.testing.assert_allclose(jg.trace(fn)(X), fn(X), rtol=1e-6)
+
+
+@pytest.mark.parametrize("cut, start", [(5, 3), (3, 5), (4, 4), (2, 0), (7, 1)])
+def test_region_reads_along_the_last_axis_split_its_loop(monkeypatch, cut, start) -> None:
+    """Gradients of two slices along the last axis are region reads bounded on the innermost axis; with a bias
+    gradient they form a column kernel (an LSTM's gate gradient). Its column loop is written once per segment
+    between the bounds, each segment reading only its case (`kernels.cpu_split`): the same bits as the loop that
+    tests every case at every point, whichever order the bounds come in (overlapping, apart, equal, from 0),
+    and torch's gradients."""
+    rng = np.random.default_rng(cut * 10 + start)
+    x = rng.standard_normal((70, 8)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+
+    def loss(x, b):
+        z = x + b
+        return np.sum(np.exp(z[:, :cut])) + np.sum(z[:, start:] ** 2)
+
+    def source() -> str:
+        text = jg.trace(loss).explain(x, b)
+        column = text.index("_l = np.empty((64, 256)")
+        return text[text.rindex("def kernel_", 0, column):text.index("return 0", column)]
+
+    split = jg.trace(loss).value_and_grad(x, b, argnums=(0, 1))
+    column_kernel = source()
+    assert column_kernel.count("for i1 in range(max(tl1, ") >= 1 and "if " not in column_kernel, column_kernel
+    monkeypatch.setattr("jitgrad.kernels.cpu_columns.split_points", lambda body, axis: None)
+    tested = jg.trace(loss).value_and_grad(x, b, argnums=(0, 1))
+    assert "if " in source()
+    for got, want in zip([split[0], *split[1]], [tested[0], *tested[1]]):
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    xt, bt = (torch.tensor(a, requires_grad=True) for a in (x, b))
+    zt = xt + bt
+    (torch.exp(zt[:, :cut]).sum() + (zt[:, start:] ** 2).sum()).backward()
+    np.testing.assert_allclose(split[1][0], xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(split[1][1], bt.grad.numpy(), rtol=1e-4, atol=1e-4)
