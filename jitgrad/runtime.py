@@ -118,6 +118,8 @@ class _KernelCall:
         self.serial = SERIAL  # what runs the serial kernel: QUICK until its full-level code is in (`promote`)
         self.full_level: tuple | None = None  # argument types of the full-level code `promote` asked for
         self.quick_calls = 0
+        # No 0-d array to pass as 1-d and no view to make contiguous: `cpu.kernel_arguments` in one expression.
+        self.plain = not self.contiguous and all(a.aval.ndim for a in [*self.kernel.inputs, *self.kernel.outputs])
 
     def guessed_signature(self, slots: list[Any]) -> tuple:
         """numba's types of this call's arguments, guessed before the first call runs: the call's inputs and
@@ -130,10 +132,18 @@ class _KernelCall:
 
     def run(self, slots: list[Any]) -> None:
         outs = self.buffers.take()
-        arrays = [slots[i] for i in self.inputs]
-        for p in self.contiguous:
-            arrays[p] = np.ascontiguousarray(arrays[p])
-        args = cpu.kernel_arguments(self.kernel, arrays, outs, self.scalars)
+        if self.plain:
+            args = [*self.kernel.domain, *[slots[i] for i in self.inputs], *self.scalars, *outs]
+        else:
+            arrays = [slots[i] for i in self.inputs]
+            for p in self.contiguous:
+                arrays[p] = np.ascontiguousarray(arrays[p])
+            args = cpu.kernel_arguments(self.kernel, arrays, outs, self.scalars)
+        if self.chooser.fixed and self.serial == SERIAL:  # a fixed choice (a small domain), nothing to time or promote
+            self.compiled.call(self.chooser.choice, args)
+            for i, o in zip(self.outputs, outs):
+                slots[i] = o
+            return
         chosen = self.chooser.next()
         variant = self.serial if chosen == SERIAL else chosen
         if self.chooser.choice is not None:
