@@ -147,6 +147,7 @@ class Primitive:
     backward_label: str = ""
     fresh_output: bool = False  # a host op whose result is always a new array (never a view of an input)
     takes_out: bool = False  # a fresh host op whose `impl` writes into `out=` with the same bits (pooled buffers)
+    contiguous_operands: tuple[int, ...] = ()  # host op operands it reads faster contiguous (`blas_operands`)
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"

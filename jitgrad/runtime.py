@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
-from . import progress
+from . import blas_operands, progress
 from .buffers import BufferPool, OutputBuffers
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
@@ -278,6 +278,7 @@ class Executable:
         self.n_inputs = len(graph.inputs)
         self.host_views = {o for s in program.steps if isinstance(s, HostStep) and s.eqn.prim.kind is Kind.VIEW
                            for o in s.eqn.outs}
+        self.copied = blas_operands.copied_views(program.steps)
         self.calls: list[_KernelCall | _HostCall] = [self._bind(s) for s in program.steps]
         self.output_slots = [self._slot(a) for a in graph.outputs]
         self.initial = self.table.initial
@@ -294,7 +295,8 @@ class Executable:
             e = step.eqn
             out = e.outs[0].aval
             site = self.buffers.site([out.shape], [out.dtype]) if e.prim.takes_out else None
-            return _HostCall(e.prim.impl, dict(e.params), [self._slot(a) for a in e.inputs],
+            impl = blas_operands.contiguous(e.prim.impl) if e.outs[0] in self.copied else e.prim.impl
+            return _HostCall(impl, dict(e.params), [self._slot(a) for a in e.inputs],
                              [self._slot(o) for o in e.outs], e.prim.fresh_output,
                              site if site is not None and site.pooled else None)
         compiled = compiler.load(cpu.module_source(step), VARIANTS)

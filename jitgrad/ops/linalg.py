@@ -31,7 +31,7 @@ def _matmul_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> 
 
 
 matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward",
-                             fresh_output=True, takes_out=True))  # BLAS between kernels
+                             fresh_output=True, takes_out=True, contiguous_operands=(1,)))  # BLAS between kernels
 
 
 @implements(np.matmul)
