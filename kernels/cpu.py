@@ -186,22 +186,22 @@ def _emit_rows(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
     else:
         depth = w.loop(1, kept[0], f"n{kept[0]}", "prange")
     elementwise = not k.reduce_axes and not carries and len(stages) == 1 and not k.epilogue and not k.epilogue_stores
-    if elementwise and len(kept) > 1 and 1 < unswitched_loops(stages[0].body, kept[-1]) <= MAX_UNSWITCHED_LOOPS:
-        for a in kept[1:-1]:
-            depth = w.loop(depth, a, f"n{a}")
-        emit_unswitched(w, k, depth, stages[0].body, stages[0].stores, kept[-1])
-        return
-    points = split_points(stages[0].body, kept[-1]) if elementwise and len(kept) > 1 else None
-    if points is not None:
-        for a in kept[1:-1]:
-            depth = w.loop(depth, a, f"n{a}")
+    if elementwise and len(kept) > 1:  # region reads: tested once per row, or the last axis split into segments
+        stage, last = stages[0], kept[-1]
+        points = split_points(stage.body, last)
+        if points is not None or 1 < unswitched_loops(stage.body, last) <= MAX_UNSWITCHED_LOOPS:
+            for a in kept[1:-1]:
+                depth = w.loop(depth, a, f"n{a}")
 
-        def point(at: int, statements: list) -> None:
-            emit_body(w, k, at, statements)
-            emit_stores(w, k, at, stages[0].stores)
+            def point(at: int, statements: list) -> None:
+                emit_body(w, k, at, statements)
+                emit_stores(w, k, at, stage.stores)
 
-        emit_split_loop(w, depth, kept[-1], "0", f"n{kept[-1]}", stages[0].body, points, w.loop, point)
-        return
+            if points is None:
+                emit_unswitched(w, k, depth, stage.body, stage.stores, last)
+            else:
+                emit_split_loop(w, depth, last, "0", f"n{last}", stage.body, points, point)
+            return
     for a in kept[1:]:
         depth = w.loop(depth, a, f"n{a}")
     for s, stage in enumerate(stages):

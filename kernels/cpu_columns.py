@@ -82,7 +82,7 @@ def emit_columns(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
     if points is None:
         point(w.loop(body, last, f"tl{last}, tl{last} + wd{last}"), stage.body)
     else:
-        emit_split_loop(w, body, last, f"tl{last}", f"tl{last} + wd{last}", stage.body, points, w.loop, point)
+        emit_split_loop(w, body, last, f"tl{last}", f"tl{last} + wd{last}", stage.body, points, point)
     for lanes, group in by_lanes.items():  # the tree of halves as one loop nest for every sum of these lanes
         w.line(inner + 1, f"hw = {lanes}")
         w.line(inner + 1, "while hw > 1:")

@@ -15,8 +15,8 @@ from typing import Callable
 
 from jitgrad.loops import Branch, statements
 from jitgrad.primitive import Offset, Param
-from jitgrad.kernels.common import Writer, case_values, int_text, int_value
-from jitgrad.kernels.cpu_emit import Alias
+from jitgrad.kernels.common import case_values, int_text, int_value
+from jitgrad.kernels.cpu_emit import Alias, LoopWriter
 
 MAX_SEGMENTS = 9  # more segments: the copies of the loop cost more compile time than the tests cost time
 
@@ -44,11 +44,11 @@ def _order(point: int | Param) -> tuple[int, int]:
     return (int_value(point), point.number + 1 if isinstance(point, Param) else 0)
 
 
-def emit_split_loop(w: Writer, depth: int, axis: int, start: str, stop: str, body: list, points: list[int | Param],
-                    loop: Callable[[int, int, str], int], emit_point: Callable[[int, list], None]) -> None:
+def emit_split_loop(w: LoopWriter, depth: int, axis: int, start: str, stop: str, body: list,
+                    points: list[int | Param], emit_point: Callable[[int, list], None]) -> None:
     """The loop over `axis` from `start` to `stop` once per segment between `points` (`split_points`), each
-    opened by `loop(depth, axis, bounds)` and holding `body` with every region read replaced by the case its
-    segment reads, written by `emit_point(depth, statements)`. Segments with no point of the domain are left
+    holding `body` with every region read replaced by the case its segment reads, written by
+    `emit_point(depth, statements)`. Segments with no point of the domain are left
     out: one that ends at or below 0 (as `common.bounds_text` drops such a lower bound, a parameter's sign is
     part of the source), and one no case of a region read without a fill value covers (its cases cover every
     point)."""
@@ -61,7 +61,7 @@ def emit_split_loop(w: Writer, depth: int, axis: int, start: str, stop: str, bod
             continue
         lo = start if segment == 0 else f"max({start}, {int_text(points[segment - 1])})"
         hi = stop if segment == len(points) else f"min({stop}, {int_text(points[segment])})"
-        emit_point(loop(depth, axis, f"{lo}, {hi}"), resolved)
+        emit_point(w.loop(depth, axis, f"{lo}, {hi}"), resolved)
 
 
 def _resolved(body: list, rank: dict, segment: int) -> list | None:
@@ -77,8 +77,9 @@ def _resolved(body: list, rank: dict, segment: int) -> list | None:
         holds += [True] if st.otherwise is not None else []
         if True not in holds:
             return None
-        sub = _resolved(case_values(st)[holds.index(True)][0], rank, segment)
+        statements, value = case_values(st)[holds.index(True)]
+        sub = _resolved(statements, rank, segment)
         if sub is None:
             return None
-        out += sub + [Alias(st.dst, case_values(st)[holds.index(True)][1])]
+        out += sub + [Alias(st.dst, value)]
     return out
