@@ -139,11 +139,6 @@ class _KernelCall:
             for p in self.contiguous:
                 arrays[p] = np.ascontiguousarray(arrays[p])
             args = cpu.kernel_arguments(self.kernel, arrays, outs, self.scalars)
-        if self.chooser.fixed and self.serial == SERIAL:  # a fixed choice (a small domain), nothing to time or promote
-            self.compiled.call(self.chooser.choice, args)
-            for i, o in zip(self.outputs, outs):
-                slots[i] = o
-            return
         chosen = self.chooser.next()
         variant = self.serial if chosen == SERIAL else chosen
         if self.chooser.choice is not None:
