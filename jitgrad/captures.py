@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .capture_paths import BROKEN_PATH, CONTAINERS, ArrayPath, StructureGuard
 from .ir import Aval
 
 NODE_BUDGET = 20_000  # objects visited per trace at most: a bound on the search through user state
@@ -68,61 +69,6 @@ def is_user_type(cls: type) -> bool:
     return any(c is not None and is_user_file(c.co_filename) for c in codes)
 
 
-# ---------------------------------------------------------------------- paths
-
-@dataclass(frozen=True)
-class ArrayPath:
-    """How a function reaches an array: a root slot (closure cell, dict entry, default argument or a
-    fixed object) and then attributes and items. `resolve` follows it afresh."""
-
-    root: tuple  # ("cell", cell, name) | ("entry", dict, key) | ("default", function, index) | ("object", obj)
-    steps: tuple[tuple[str, Any], ...] = ()  # ("attr", name) | ("item", key)
-
-    def then(self, kind: str, key: Any) -> "ArrayPath":
-        return ArrayPath(self.root, self.steps + ((kind, key),))
-
-    @functools.cached_property
-    def resolve(self) -> Callable[[], Any]:
-        """A function returning what the path leads to now (it raises if the path is broken)."""
-        get = _root_getter(self.root)
-        for step, key in self.steps:
-            get = _attr_getter(get, key) if step == "attr" else _item_getter(get, key)
-        return get
-
-    def __str__(self) -> str:
-        kind, holder = self.root[0], self.root[1]
-        if kind == "cell":
-            head = self.root[2]
-        elif kind == "entry":
-            head = str(self.root[2]) if "__name__" in holder else f"[{self.root[2]!r}]"  # a global, or a dict entry
-        elif kind == "default":
-            head = f"{holder.__name__}.__defaults__[{self.root[2]}]"
-        else:
-            head = f"<{type(holder).__name__} object>"
-        return head + "".join(f".{k}" if s == "attr" else f"[{k!r}]" for s, k in self.steps)
-
-
-def _root_getter(root: tuple) -> Callable[[], Any]:
-    kind, holder = root[0], root[1]
-    if kind == "cell":
-        return lambda: holder.cell_contents
-    if kind == "entry":
-        key = root[2]
-        return lambda: holder[key]
-    if kind == "default":
-        index = root[2]
-        return lambda: holder.__defaults__[index]
-    return lambda: holder
-
-
-def _attr_getter(get: Callable[[], Any], name: str) -> Callable[[], Any]:
-    return lambda: getattr(get(), name)
-
-
-def _item_getter(get: Callable[[], Any], key: Any) -> Callable[[], Any]:
-    return lambda: get()[key]
-
-
 # ---------------------------------------------------------------------- what a plan keeps
 
 @dataclass
@@ -142,7 +88,7 @@ class CapturedArray:
             value = self.paths[0].resolve()
             if len(self.paths) > 1 and any(p.resolve() is not value for p in self.paths[1:]):
                 return None
-        except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        except BROKEN_PATH:
             return None
         if type(value) is not np.ndarray or value.shape != self.aval.shape or value.dtype != self.aval.dtype:
             return None
@@ -157,12 +103,17 @@ class Captures:
 
     inputs: list[CapturedArray] = field(default_factory=list)
     constants: list[CapturedArray] = field(default_factory=list)
+    structures: list[StructureGuard] = field(default_factory=list)  # containers whose shape the trace followed
 
     def __bool__(self) -> bool:
-        return bool(self.inputs or self.constants)
+        return bool(self.inputs or self.constants or self.structures)
 
     def read(self) -> list[np.ndarray] | None:
-        """The implicit inputs' current arrays; None when a path changed so that the plan must re-trace."""
+        """The implicit inputs' current arrays; None when a path or a container's structure changed so that
+        the plan must re-trace."""
+        for guard in self.structures:
+            if not guard.holds():
+                return None
         for c in self.constants:
             if c.current() is None:
                 return None
@@ -177,7 +128,13 @@ class Captures:
     def describe(self) -> list[str]:
         """One line per captured array: its path and aval (for `explain`)."""
         lines = [f"{c.paths[0]}: {c.aval} (read at every call)" for c in self.inputs]
-        return lines + [f"{c.paths[0]}: {c.aval} (a constant: its values shaped the trace)" for c in self.constants]
+        lines += [f"{c.paths[0]}: {c.aval} (a constant: its values shaped the trace)" for c in self.constants]
+        return lines + [str(g) for g in self.structures]
+
+    def keep_structures(self, guards: dict[int, StructureGuard]) -> None:
+        """Keep the guards of the containers this plan's trace depends on (`StructureGuard.matters`)."""
+        used = {id(c) for c in self.inputs + self.constants}
+        self.structures = [g for g in guards.values() if g.matters(used)]
 
 
 # ---------------------------------------------------------------------- substitution during a trace
@@ -186,9 +143,12 @@ class _Substitution:
     """One walk over the state a function reaches, replacing arrays by traced values (`make`) and
     recording how to put everything back."""
 
-    def __init__(self, make: Callable[[np.ndarray, ArrayPath], Any], known: dict[int, Any]):
+    def __init__(self, make: Callable[[np.ndarray, ArrayPath], Any], known: dict[int, Any],
+                 guards: dict[int, StructureGuard]):
         self.make = make
         self.known = known  # id(array) -> its tracer (shared by every path to it)
+        self.guards = guards  # id(container) -> the guard of its structure (shared across nested traces)
+        self.open: list[StructureGuard] = []  # the containers being walked, outermost first
         self.replacement: dict[int, Any] = {}  # id -> what a visited object became (also a cycle guard)
         self.restore: list[Callable[[], None]] = []
         self.budget = NODE_BUDGET
@@ -273,22 +233,11 @@ class _Substitution:
         if not self._spend():
             return x
         self.replacement[key] = x
-        if isinstance(x, dict):
-            for k in list(x):
-                self._entry(x, k, depth + 1, path.then("item", k))
-        elif isinstance(x, list):
-            for i in range(len(x)):
-                old = x[i]
-                new = self.value(old, path.then("item", i), depth + 1)
-                if new is not old:
-                    self._set(lambda v, lst=x, j=i: lst.__setitem__(j, v), old, new)
-        elif isinstance(x, tuple):
-            items = [self.value(v, path.then("item", i), depth + 1) for i, v in enumerate(x)]
-            if any(n is not o for n, o in zip(items, x)):
-                rebuilt = type(x)._make(items) if hasattr(type(x), "_make") else tuple(items)
-                self.replacement[key] = rebuilt
-                return rebuilt
-        elif isinstance(x, types.ModuleType):
+        if isinstance(x, CONTAINERS):
+            return self._container(x, path, depth)
+        if isinstance(getattr(x, "capture", None), CapturedArray):  # substituted already, by an enclosing trace
+            self._beneath(x.capture)
+        if isinstance(x, types.ModuleType):
             if is_user_file(getattr(x, "__file__", None)):
                 for name in sorted(self.names & set(vars(x))):
                     self._entry(vars(x), name, depth + 1, path.then("attr", name))
@@ -306,6 +255,30 @@ class _Substitution:
                 self._entry(attrs, name, depth + 1, path.then("attr", name))
         return x
 
+    def _container(self, x: dict | list | tuple, path: ArrayPath, depth: int) -> Any:
+        """Walk a dict, list or tuple under a guard of its structure; a tuple holding replacements is rebuilt."""
+        guard = self.guards.setdefault(id(x), StructureGuard.of(x, path, _is_array))
+        self.open.append(guard)
+        try:
+            if isinstance(x, dict):
+                for k in list(x):
+                    self._entry(x, k, depth + 1, path.then("item", k))
+            elif isinstance(x, list):
+                for i in range(len(x)):
+                    old = x[i]
+                    new = self.value(old, path.then("item", i), depth + 1)
+                    if new is not old:
+                        self._set(lambda v, lst=x, j=i: lst.__setitem__(j, v), old, new)
+            else:
+                items = [self.value(v, path.then("item", i), depth + 1) for i, v in enumerate(x)]
+                if any(n is not o for n, o in zip(items, x)):
+                    rebuilt = type(x)._make(items) if hasattr(type(x), "_make") else tuple(items)
+                    self.replacement[id(x)] = rebuilt
+                    return rebuilt
+        finally:
+            self.open.pop()
+        return x
+
     def _array(self, x: np.ndarray, path: ArrayPath) -> Any:
         found = self.known.get(id(x))
         if found is None:
@@ -313,8 +286,17 @@ class _Substitution:
                 return x  # a dtype jitgrad refuses: left for the op that reads it to say so
             found = self.known[id(x)] = self.make(x, path)
         else:
-            found.capture.paths.append(path)
+            capture = getattr(found, "capture", None)
+            if capture is not None:
+                capture.paths.append(path)
+        if isinstance(getattr(found, "capture", None), CapturedArray):
+            self._beneath(found.capture)
         return found
+
+    def _beneath(self, capture: CapturedArray) -> None:
+        """Note a captured array under the containers being walked (their guards matter if it is used)."""
+        for guard in self.open:
+            guard.arrays.append(capture)
 
     def _entry(self, mapping: dict, key: Any, depth: int, path: ArrayPath | None = None) -> None:
         old = mapping[key]
@@ -349,11 +331,28 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
-def substituted(fn: Any, make: Callable[[np.ndarray, ArrayPath], Any], known: dict[int, Any]) -> "_Restorer":
+def _is_array(x: Any) -> bool:
+    return isinstance(x, np.ndarray) or isinstance(getattr(x, "capture", None), CapturedArray)
+
+
+def substituted(fn: Any, make: Callable[[np.ndarray, ArrayPath], Any], known: dict[int, Any],
+                guards: dict[int, StructureGuard]) -> "_Restorer":
     """Replace the arrays `fn` reaches by `make(array, path)` until the returned context exits.
-    `known` maps arrays already replaced in this trace to their tracers (shared across nested traces)."""
-    walk = _Substitution(make, known)
-    return _Restorer(walk, fn)
+    `known` maps arrays already replaced in this trace to their tracers, `guards` the containers walked
+    to their structure guards (both shared across nested traces)."""
+    return _Restorer(_Substitution(make, known, guards), fn)
+
+
+def substituted_as_traced(fn: Any, by_path: dict[tuple, Any], by_id: dict[int, Any]) -> "_Restorer":
+    """Replace the arrays `fn` reaches by the values a trace gave them: found by path (`ArrayPath.key`), else
+    by the array's identity; other arrays stay. A custom Function's backward, run again when the plan is
+    differentiated, reads through this the captured arrays its traced forward's equation holds as inputs."""
+
+    def make(x: np.ndarray, path: ArrayPath) -> Any:
+        found = by_path.get(path.key)
+        return found if found is not None else by_id.get(id(x), x)
+
+    return _Restorer(_Substitution(make, {}, {}), fn)
 
 
 class _Restorer:

@@ -11,18 +11,19 @@ trace, `apply` simply runs `forward` on the numpy arrays.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import captures
 from . import lax as L
 from .autodiff import inline_graph, joint_vjp_graph, zeros
 from .errors import FunctionError, TraceError
 from .ir import Aval, Eqn, Graph, Var, iter_vars
 from .primitive import Kind, Primitive, declare, stop_gradient_p
 from .traces import trace_to_graph
-from .tracing import Builder, Tracer, bind, builder_aval, current_builder, where_text
+from .tracing import Builder, CapturedTracer, Tracer, bind, builder_aval, current_builder, where_text
 from .trees import flatten_output, unflatten_output
 
 _ARRAY_TYPES = (Tracer, np.ndarray, np.generic)
@@ -100,6 +101,10 @@ class FunctionCall:
     attributes: dict[str, Any]
     non_differentiable: frozenset[int] = frozenset()  # outputs marked by ctx.mark_non_differentiable
     materialize_grads: bool = True
+    # Arrays from outside the arguments that backward reads (the equation's inputs after the body's):
+    # per array, the path keys that led to it and the array the trace saw (`captures.substituted_as_traced`).
+    backward_paths: tuple[tuple[tuple, ...], ...] = ()
+    backward_arrays: tuple[np.ndarray, ...] = ()
 
     def __repr__(self) -> str:
         return f"FunctionCall({self.function.__name__})"
@@ -144,18 +149,56 @@ def _function_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *
     grad_outputs = [zeros(o.aval) if (g is None or k in call.non_differentiable) and call.materialize_grads
                     else None if k in call.non_differentiable else g
                     for k, (g, o) in enumerate(zip(cts[:n], outs[:n]))]
-    ctx = FunctionCtx(fn, call.needs_input_grad)
-    vars(ctx).update(call.attributes)
-    saved = outs[n:]
-    ctx._jg_saved = tuple(None if k is None else saved[k] for k in call.saved_slots)
-    grads = _checked_gradients(call, fn.backward(ctx, *grad_outputs), ins)
+    n_body = len(call.body.inputs)
+    read = ins[n_body:]
+    by_path = {key: v for keys, v in zip(call.backward_paths, read) for key in keys}
+    with captures.substituted_as_traced(fn.backward, by_path, {id(a): v for a, v in zip(call.backward_arrays, read)}):
+        returned = fn.backward(_backward_ctx(call, outs[n:]), *grad_outputs)
+    grads = _checked_gradients(call, returned, ins[:n_body])
     in_cts: list[Any] = [None] * len(ins)
     for slot, g in zip(call.input_slots, grads):
         if slot is not None and g is not None:
             in_cts[slot] = g
-    for slot, g in _vjp_through_forward(call, ins, cts[n:]):
+    for slot, g in _vjp_through_forward(call, ins[:n_body], cts[n:]):
         in_cts[slot] = g if in_cts[slot] is None else L.add(in_cts[slot], g)
     return in_cts
+
+
+def _backward_ctx(call: FunctionCall, saved: Sequence[Any]) -> FunctionCtx:
+    """The ctx backward gets: forward's attributes and its saved arrays (`saved`: the non-None ones)."""
+    ctx = FunctionCtx(call.function, call.needs_input_grad)
+    vars(ctx).update(call.attributes)
+    ctx._jg_saved = tuple(None if k is None else saved[k] for k in call.saved_slots)
+    return ctx
+
+
+def _cotangent_patterns(call: FunctionCall) -> list[tuple[bool, ...]]:
+    """Which outputs get a gradient in the calls of backward to foresee: all of them when gradients are
+    materialized (zeros stand in), else every non-empty subset for up to four outputs (all of them beyond)."""
+    n = call.n_outputs
+    if call.materialize_grads or n > 4:
+        return [(True,) * n]
+    return [tuple(bool(m >> k & 1) for k in range(n)) for m in range(1, 1 << n)]
+
+
+def _backward_reads(call: FunctionCall, builder: Builder) -> list[CapturedTracer]:
+    """The arrays from outside the arguments that the user's backward reads, found by tracing it once per
+    cotangent pattern on stand-ins while the forward's trace (and its captures) is open. They become inputs
+    of the equation, so backward, run again when the plan is differentiated, reads them at every call."""
+    body, n = call.body, call.n_outputs
+    avals = [o.aval for o in body.outputs]
+    found: dict[int, CapturedTracer] = {}
+    for pattern in _cotangent_patterns(call):
+        def probe(*values: Any, pattern: tuple[bool, ...] = pattern) -> list[Any]:
+            grads = [g if present else None for g, present in zip(values[:n], pattern)]
+            call.function.backward(_backward_ctx(call, values[n:]), *grads)
+            return []
+        try:
+            traced = trace_to_graph(probe, avals, parent=builder, reads_from=call.function.backward)
+        except Exception:  # noqa: BLE001  backward fails the same way when differentiated, which reports it
+            continue
+        found.update((id(t), t) for t in traced.outer if type(t) is CapturedTracer)
+    return list(found.values())
 
 
 custom_function_p = declare(FunctionPrimitive("custom_function", Kind.CALL, _output_avals, _evaluate, _function_vjp))
@@ -345,7 +388,12 @@ def _record(cls: type, arguments: _Arguments, ctx: FunctionCtx, builder: Builder
                         tuple(array_positions.index(k) if k in array_positions else None for k in range(len(values))),
                         tuple(arguments.names), arguments.n_given, ctx.needs_input_grad, tuple(saved_slots),
                         ctx.attributes(), structure["non_differentiable"], ctx._jg_materialize)
-    outs = bind(custom_function_p, *[values[k] for k in array_positions], *captured, label=name, fn=cls, _call=call)
+    reads = _backward_reads(call, builder)
+    if reads:
+        call = replace(call, backward_paths=tuple(tuple(p.key for p in t.capture.paths) for t in reads),
+                       backward_arrays=tuple(t.array for t in reads))
+    outs = bind(custom_function_p, *[values[k] for k in array_positions], *captured, *reads, label=name, fn=cls,
+                _call=call)
     results = [bind(stop_gradient_p, o) if k in call.non_differentiable else o
                for k, o in enumerate(outs[:call.n_outputs])]
     return unflatten_output(structure["tree"], results)

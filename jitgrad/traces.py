@@ -51,5 +51,5 @@ def reading_captured(fn: Any) -> Iterator[None]:
     if root is None:
         yield
         return
-    with captures.substituted(fn, root.new_implicit, root.known_arrays):
+    with captures.substituted(fn, root.new_implicit, root.known_arrays, root.structure_guards):
         yield

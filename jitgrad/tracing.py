@@ -64,6 +64,7 @@ class Builder:
         # (jitgrad.captures); None where a trace does not capture (autodiff's replays).
         self.known_arrays: dict[int, CapturedTracer] | None = None
         self.implicit: list[CapturedTracer] = []
+        self.structure_guards: dict[int, captures.StructureGuard] = {}  # the root's: containers walked
 
     def new_input(self, aval: Aval, name: str = "") -> "Tracer":
         v = Var(aval)
@@ -136,6 +137,7 @@ class Builder:
                 found.inputs.append(t.capture)
             elif t.capture.used or t.capture.snapshot is not None:
                 found.constants.append(t.capture)  # its shape or values shaped the trace: guard them
+        found.keep_structures(self.structure_guards)
         inputs = self.inputs + implicit + [self.captured[t.var] for t in self.captured_tracers]
         names = (self.input_names + [str(c.paths[0]) for c in found.inputs]
                  + ["<captured>"] * len(self.captured_tracers))

@@ -168,3 +168,149 @@ def test_functions_without_captured_arrays_keep_an_empty_capture_list() -> None:
     f(X, W0)
     (plan,) = f.plans.plans.values()
     assert not plan.captures
+
+
+# ---------------------------------------------------------------------- container structure (issue 32)
+
+def test_a_captured_list_that_grows_is_read_again() -> None:
+    arrs = [np.ones(2)]
+    f = jg.trace(lambda x: x + sum(arrs))
+    np.testing.assert_array_equal(f(np.zeros(2)), [1.0, 1.0])
+    arrs.append(np.full(2, 5.0))
+    np.testing.assert_array_equal(f(np.zeros(2)), [6.0, 6.0])
+    del arrs[0]
+    np.testing.assert_array_equal(f(np.zeros(2)), [5.0, 5.0])
+    assert f.cache_info()["misses"] == 3
+
+
+def test_dict_keys_a_rebound_tuple_and_an_empty_list_are_guarded() -> None:
+    params = {"a": np.ones(2)}
+    extra: list = []
+    pair = (np.ones(2),)
+
+    def f(x):
+        return x + sum(params.values()) + sum(extra) + sum(pair)
+
+    traced = jg.trace(f)
+    np.testing.assert_array_equal(traced(np.zeros(2)), f(np.zeros(2)))
+    params["b"] = np.full(2, 3.0)
+    np.testing.assert_array_equal(traced(np.zeros(2)), f(np.zeros(2)))
+    extra.append(np.full(2, 10.0))
+    np.testing.assert_array_equal(traced(np.zeros(2)), f(np.zeros(2)))
+    pair = (np.ones(2), np.full(2, 100.0))
+    np.testing.assert_array_equal(traced(np.zeros(2)), [115.0, 115.0])
+    params["b"][:] = -3.0  # values stay runtime inputs: no new trace
+    misses = traced.cache_info()["misses"]
+    np.testing.assert_array_equal(traced(np.zeros(2)), f(np.zeros(2)))
+    assert traced.cache_info()["misses"] == misses == 4
+
+
+def test_a_function_or_layer_swapped_in_a_container_is_traced_again() -> None:
+    class Scale:
+        def __init__(self, w):
+            self.w = w
+
+        def __call__(self, x):
+            return x * self.w
+
+    class Shift:
+        def __init__(self, b):
+            self.b = b
+
+        def __call__(self, x):
+            return x + self.b
+
+    layers = [Scale(np.full(2, 2.0)), np.tanh]
+    f = jg.trace(lambda x: layers[1](layers[0](x)))
+    x = np.array([0.1, 0.2])
+    np.testing.assert_allclose(f(x), np.tanh(2 * x))
+    layers[1] = np.sin
+    np.testing.assert_allclose(f(x), np.sin(2 * x))
+    layers[0] = Shift(np.full(2, 1.0))
+    np.testing.assert_allclose(f(x), np.sin(x + 1))
+    assert f.cache_info()["misses"] == 3
+
+
+def test_a_list_the_trace_does_not_read_from_costs_at_most_one_new_trace() -> None:
+    """A log the object keeps beside its parameters (arrays appended at every step) is not a structure the
+    trace depends on: only its first append, from empty, traces again."""
+
+    class Model:
+        def __init__(self):
+            self.W = np.ones(2)
+            self.history: list = []
+
+        def loss(self, x):
+            return np.sum(x * self.W)
+
+    model = Model()
+    step = jg.trace(model.loss)
+    for _ in range(5):
+        model.history.append(step(np.ones(2)))
+    assert step.cache_info()["misses"] == 2
+
+
+def test_explain_lists_the_guarded_structures() -> None:
+    arrs = [np.ones(2), np.ones(2)]
+    f = jg.trace(lambda x: x + sum(arrs))
+    text = str(f.explain(np.zeros(2)))
+    assert "arrs: list of length 2 (structure checked at every call)" in text
+
+
+# ---------------------------------------------------------------------- Function.backward reads (issue 32)
+
+SCALE_BY = np.full(3, 2.0)
+
+
+class ScaleBackward(jg.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * SCALE_BY
+
+
+def test_an_array_read_only_in_a_function_backward_is_read_at_every_call() -> None:
+    global SCALE_BY
+    f = jg.trace(lambda x: np.sum(ScaleBackward.apply(x)))
+    assert f(np.ones(3)) == 3.0  # traced before any gradient: backward runs later, when differentiated
+    SCALE_BY[:] = 5.0
+    np.testing.assert_array_equal(f.grad(np.ones(3))[0], [5.0, 5.0, 5.0])
+    SCALE_BY[:] = 3.0
+    np.testing.assert_array_equal(f.grad(np.ones(3))[0], [3.0, 3.0, 3.0])
+    SCALE_BY = np.full(3, 7.0)  # rebound
+    np.testing.assert_array_equal(f.grad(np.ones(3))[0], [7.0, 7.0, 7.0])
+    SCALE_BY = np.full(3, 2.0)
+
+
+def test_backward_reads_with_unmaterialized_gradients_and_second_order() -> None:
+    weights = {"first": np.array([1.0, 2.0]), "second": np.array([10.0, 20.0])}
+
+    class Two(jg.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(x)
+            return x * x, x * 1.0
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            (x,) = ctx.saved_tensors
+            out = np.zeros_like(x)
+            if g1 is not None:
+                out = out + g1 * 2 * x * weights["first"]
+            if g2 is not None:
+                out = out + g2 * weights["second"]
+            return out
+
+    only_second = jg.trace(lambda x: np.sum(Two.apply(x)[1]))
+    both = jg.trace(lambda x: np.sum(jg.grad(lambda y: np.sum(Two.apply(y)[0]))(x) ** 2))
+    x = np.array([1.0, 3.0])
+    np.testing.assert_array_equal(only_second.grad(x)[0], weights["second"])
+    weights["second"][:] = [4.0, 5.0]
+    weights["first"][:] = [3.0, 1.0]
+    np.testing.assert_array_equal(only_second.grad(x)[0], [4.0, 5.0])
+    # d/dx sum((2 x w)^2) = 8 x w^2, with w read at this call
+    np.testing.assert_allclose(both.grad(x)[0], 8 * x * weights["first"] ** 2)
