@@ -16,6 +16,10 @@ import os as _os
 # import is kept (README's limits, docs/troubleshooting.md).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from . import threads as _threads  # noqa: E402
+
+_threads.choose_threading_layer()
+
 from .api import Context, Traced, clear_caches, trace  # noqa: E402
 from .transforms import grad, value_and_grad, vjp  # noqa: E402
 from .errors import (ArgumentError, ConcretizationError, FunctionError, GradcheckError, InputError, JitgradError,  # noqa: E402

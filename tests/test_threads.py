@@ -142,3 +142,49 @@ def test_fork_right_after_a_first_call_does_not_hang(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     expected = np.exp(np.float64(0.125)) * np.sinh(np.float64(0.25)) * 1000
     assert abs(float(proc.stdout.strip().splitlines()[-1]) / expected - 1) < 1e-5
+
+
+IDLE_CHILD = r"""
+import sys, time
+import torch  # first, as a script benchmarking against PyTorch imports it
+import numpy as np
+import numba
+import jitgrad as jg
+from jitgrad.kernels import compiler
+
+torch.manual_seed(0)
+a = torch.randn(256, 256)
+f = jg.trace(lambda w, x: np.sum(np.tanh(w * x) * 2.0 + np.exp(-x * x)))
+w, x = np.full(1 << 20, 0.5, np.float32), np.linspace(-2, 2, 1 << 20, dtype=np.float32)
+for _ in range(20):
+    f.value_and_grad(w, x)
+compiler.wait_for_background_compiles()
+for _ in range(40):  # the parallel variant is timed and run, with torch's ops between calls
+    f.value_and_grad(w, x)
+    a @ a
+time.sleep(0.05)  # torch's own OpenMP workers may spin briefly after its last op
+cpu, wall = time.process_time(), time.perf_counter()
+time.sleep(0.2)
+print(numba.threading_layer(), (time.process_time() - cpu) / (time.perf_counter() - wall))
+"""
+
+
+def test_no_thread_spins_after_jitgrad_calls_with_torch_imported_first(tmp_path) -> None:
+    """With torch's OpenMP runtime loaded first, jitgrad's parallel kernels run on numba's workqueue layer,
+    whose idle workers sleep: over 200 ms after the calls the process uses under 10% of one core."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY")}
+    env["JITGRAD_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", IDLE_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layer, busy = proc.stdout.split()
+    assert layer == "workqueue"
+    assert float(busy) < 0.10
+
+
+def test_a_threading_layer_the_user_chose_is_kept(tmp_path) -> None:
+    child = ("import numba; numba.config.THREADING_LAYER = 'omp'; import numpy as np, jitgrad as jg; "
+             "print(numba.config.THREADING_LAYER)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["omp"]
