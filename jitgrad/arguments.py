@@ -22,9 +22,9 @@ _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max
 
 
 def static_key(x: Any) -> Any:
-    """A static argument's identity for plan caches: its type with its value, recursively through tuples,
-    lists and frozensets, so values that compare equal across types (1, 1.0, True) get plans of their own."""
-    if isinstance(x, (tuple, list)):
+    """A (hashable) static argument's identity for plan caches: its type with its value, recursively through
+    tuples and frozensets, so values that compare equal across types (1, 1.0, True) get plans of their own."""
+    if isinstance(x, tuple):
         return (type(x), tuple(static_key(v) for v in x))
     if isinstance(x, frozenset):
         return (frozenset, frozenset(static_key(v) for v in x))
@@ -255,17 +255,19 @@ class Arguments:
         dtypes) unless a leaf needs the full signature (a tensor, a device array)."""
         leaves: list[Any] = []
         try:
-            key = tuple(("static", static_key(x)) if i in self.static_argnums else _fast_key(x, leaves)
+            key = tuple(("static", self._static_key(i, x)) if i in self.static_argnums else _fast_key(x, leaves)
                         for i, x in enumerate(args))
             return Call(args, leaves, key)
         except _Unusual:
             pass
-        except TypeError:  # an unhashable static argument, or dict keys that do not sort: the full signature says
+        except InputError:
+            raise
+        except TypeError:  # dict keys that do not sort: the full signature says
             pass
         leaves, key, complete = [], [], True
         for i, x in enumerate(args):
             if i in self.static_argnums:
-                part = _static_key_or_none(x)
+                part = self._static_key(i, x)
             elif _is_leaf(x):
                 leaves.append(x)
                 part = _leaf_key(x)
@@ -284,12 +286,7 @@ class Arguments:
         structures: list[Any] = []
         statics = []
         for i, x in enumerate(call.args):
-            if i in self.static_argnums:
-                try:
-                    hash(x)
-                except TypeError:
-                    raise InputError(f"{self.name}: static argument {i} must be hashable, got a "
-                                     f"{type(x).__name__}") from None
+            if i in self.static_argnums:  # hashable: `prepare` checked
                 statics.append((i, StaticValue(x)))
                 structures.append(STATIC)
             else:
@@ -299,6 +296,19 @@ class Arguments:
                   for i, (s, r) in enumerate(zip(structures, sig.leaf_ranges())) for _ in r]
         avals = tuple(arg_aval(label, x, self.name, self.device) for label, x in zip(labels, call.leaves))
         return CallSignature(avals, sig.structures, sig.statics)
+
+    def _static_key(self, i: int, x: Any) -> Any:
+        """Static argument `i`'s plan-cache key; an unhashable value (a list, dict or set, an object with __eq__
+        but no __hash__) cannot key a plan and is refused, saying what to pass instead."""
+        try:
+            hash(x)
+        except TypeError as exc:
+            raise InputError(f"{self.name}: static argument {i} is a {type(x).__name__}, which is not hashable "
+                             f"({exc}); static values key the compiled plans, so pass a hashable one (a tuple for "
+                             f"a list, a frozenset for a set, tuple(sorted(d.items())) for a dict; give a class "
+                             f"__hash__ with its __eq__), or drop {i} from static_argnums to pass it as a traced "
+                             f"pytree") from None
+        return static_key(x)
 
     def positions(self, argnums: Any, argnames: Any) -> Any:
         """`argnames` (parameter names) as argument positions, or `argnums` as given."""
@@ -363,14 +373,6 @@ def _leaf_key(x: Any) -> Any:
     if isinstance(x, np.generic):
         return (t, x.dtype)
     return None
-
-
-def _static_key_or_none(x: Any) -> Any:
-    try:
-        hash(x)
-        return static_key(x)
-    except TypeError:
-        return None
 
 
 def _is_leaf(x: Any) -> bool:

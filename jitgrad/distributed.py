@@ -39,7 +39,8 @@ _CHECK_RTOL = 1e-4  # a wrong `reduce` is off by a factor of 2 on that check; ro
 
 
 class DistributedError(JitgradError, RuntimeError):
-    """The cluster cannot run a step: a worker lacks jitgrad, or data a step needs was lost with a worker."""
+    """The cluster cannot run a step: the client is closed, a worker lacks jitgrad, or data a step needs was lost
+    with a worker."""
 
 
 class Partial(NamedTuple):
@@ -140,6 +141,15 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= _CHECK_RTOL * max(abs(a), abs(b))
 
 
+def _require_open(client: Client, name: str) -> None:
+    """The client must still be connected (a closed one has no scheduler, and Dask fails on it with an
+    AttributeError); say so and what to do."""
+    if client.status in ("closing", "closed"):
+        raise DistributedError(f"{name}: the Dask client is {client.status}; create a new one (Client(cluster) or "
+                               f"Client(scheduler_address)) and pass that, with a new jg.distributed.value_and_grad "
+                               f"for a step made with the closed one")
+
+
 def _require_jitgrad(client: Client) -> None:
     """Every worker must import the same jitgrad as this process; name the workers that do not."""
     found = client.run(pkgutil.resolve_name, "jitgrad:__version__", on_error="return")
@@ -190,6 +200,7 @@ def _as_dask(x: Any, rows: tuple[int, ...], name: str) -> da.Array:
 def shard(client: Client, *arrays: Any, shards: int | None = None) -> tuple[da.Array, ...]:
     """Place batch arrays on the workers once, split alike along axis 0 (default: one shard per worker thread),
     as persisted dask arrays: pass them to a distributed value_and_grad every step; Dask recomputes a lost shard."""
+    _require_open(client, "shard")
     lengths = {int(np.shape(a)[0]) for a in arrays}
     if len(lengths) != 1:
         raise InputError(f"shard: the arrays have {sorted(lengths)} rows; batch arrays must have the same number")
@@ -212,13 +223,15 @@ class DistributedValueAndGrad:
         self.__name__ = f"distributed_value_and_grad_{self.name}"
         self._token = uuid.uuid4().hex
         self._checked: set[tuple[int, ...]] = set()
+        _require_open(client, self.name)
         _require_jitgrad(client)
         _require_loadable(client, fn, self.name)
 
     def __repr__(self) -> str:
-        return f"<jitgrad.distributed.value_and_grad {self.name} on {self.client.scheduler.address}>"
+        return f"<jitgrad.distributed.value_and_grad {self.name} on {self.client!r}>"
 
     def __call__(self, *args: Any) -> tuple[Any, Any]:
+        _require_open(self.client, self.name)
         batch_positions = _positions(self.batch_argnums, len(args), "batch_argnums", self.name)
         wanted = _positions(self.argnums, len(args), "argnums", self.name)
         if set(wanted) & set(batch_positions):

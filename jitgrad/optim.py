@@ -13,6 +13,7 @@ step count is one for the whole tree.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -45,7 +46,8 @@ def _dtype(leaf: Any) -> np.dtype:
 
 
 def _is_float(leaf: Any) -> bool:
-    return np.issubdtype(_dtype(leaf), np.floating)
+    """Whether a leaf is a float array or number (the dtype's kind: np.issubdtype costs a microsecond a leaf)."""
+    return _dtype(leaf).kind == "f"
 
 
 def _zeros(params: Any) -> Any:
@@ -54,28 +56,95 @@ def _zeros(params: Any) -> Any:
     return tree_unflatten(treedef, [np.zeros_like(p) if _is_float(p) else None for p in leaves])
 
 
-def _leaves_like(treedef: TreeDef, tree: Any, what: str, owner: str) -> list[Any]:
+_STATE_ADVICE = "pass the state {0}.init(params) made for these parameters (or the one the last update returned)"
+
+
+def _leaves_like(treedef: TreeDef, tree: Any, what: str, owner: str, advice: str) -> list[Any]:
     """The subtrees of `tree` at the leaf positions of `treedef` (None where `tree` has None)."""
     try:
         return treedef.flatten_up_to(tree)
     except (ValueError, TypeError) as exc:
-        raise InputError(f"{owner}.update: {what} must have the structure of params, {treedef}: {exc}") from exc
+        raise InputError(f"{owner}.update: {what} must have the structure of params, {treedef}: {str(exc).rstrip('.')}; "
+                         f"{advice}") from exc
+
+
+def _spec(leaf: Any) -> tuple[tuple[int, ...], np.dtype] | None:
+    """A leaf's shape and dtype (an array's, numpy or traced, or a Python number's); None for anything else."""
+    if isinstance(leaf, (int, float)):
+        return (), np.result_type(leaf)
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    return None if shape is None or dtype is None else (tuple(shape), np.dtype(dtype))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two leaves have one shape and one dtype (attribute reads for arrays: this runs every step)."""
+    try:
+        return a.shape == b.shape and a.dtype == b.dtype
+    except AttributeError:
+        return _spec(a) == _spec(b)
+
+
+def _describe(leaf: Any) -> str:
+    """How a message names a leaf: `float32[3]`, or its type where it is no array."""
+    spec = _spec(leaf)
+    return f"a {type(leaf).__name__}" if spec is None else f"{spec[1]}{list(spec[0])}"
 
 
 def _checked_grads(treedef: TreeDef, params: list[Any], grads: Any, owner: str) -> list[Any]:
     """The gradient leaves, each of its parameter's shape and dtype (or None)."""
-    found = _leaves_like(treedef, grads, "grads", owner)
-    for path, p, g in zip(treedef.paths(), params, found):
+    found = _leaves_like(treedef, grads, "grads", owner, "pass one gradient (or None) per parameter")
+    for k, (p, g) in enumerate(zip(params, found)):
         if g is None:
             continue
-        if np.shape(g) != np.shape(p) or _dtype(g) != _dtype(p):
-            raise InputError(f"{owner}.update: the gradient at {list(path)} is {_dtype(g)}{list(np.shape(g))} "
-                             f"but its parameter is {_dtype(p)}{list(np.shape(p))}; pass gradients of the "
-                             f"parameters' shapes and dtypes (cast with .astype)")
+        if not _same(g, p):
+            raise InputError(f"{owner}.update: the gradient at {list(treedef.paths()[k])} is {_describe(g)} "
+                             f"but its parameter is {_describe(p)}; pass gradients of the parameters' "
+                             f"shapes and dtypes (cast with .astype)")
         if not _is_float(p):
-            raise InputError(f"{owner}.update: the parameter at {list(path)} is {_dtype(p)}, which has no "
-                             f"gradient; only float leaves are optimised (its gradient must be None)")
+            raise InputError(f"{owner}.update: the parameter at {list(treedef.paths()[k])} is {_dtype(p)}, which "
+                             f"has no gradient; only float leaves are optimised (its gradient must be None)")
     return found
+
+
+def _checked_state(treedef: TreeDef, params: list[Any], tree: Any, what: str, owner: str) -> list[Any]:
+    """The leaves of one state field (moments, momentum buffers), each of its float parameter's shape and dtype:
+    a state made for other parameters would otherwise broadcast into them."""
+    found = _leaves_like(treedef, tree, what, owner, _STATE_ADVICE.format(owner))
+    for k, (p, s) in enumerate(zip(params, found)):
+        if not _same(s, p) and (s is not None or _is_float(p)):
+            raise InputError(f"{owner}.update: {what} at {list(treedef.paths()[k])} is {_describe(s)} "
+                             f"but its parameter is {_describe(p)}; {_STATE_ADVICE.format(owner)}")
+    return found
+
+
+def _checked_step(state: Any, kind: type, owner: str) -> Any:
+    """The state's step count, once the state is checked to be this optimizer's (`kind`) with a 0-d integer
+    array step."""
+    if not isinstance(state, kind):
+        raise InputError(f"{owner}.update: state is a {type(state).__name__}, not a {kind.__name__}; "
+                         f"{_STATE_ADVICE.format(owner)}")
+    step = state.step
+    spec = None if isinstance(step, (int, float)) else _spec(step)  # a Python number has no .astype
+    if spec is None or spec[0] != () or spec[1].kind not in "iu":
+        raise InputError(f"{owner}.update: state.step is {step!r} ({type(step).__name__}), not a 0-d integer "
+                         f"array; {_STATE_ADVICE.format(owner)}")
+    return step
+
+
+def _real(owner: str, name: str, value: Any) -> float:
+    """A hyperparameter as a Python float: a real number (Python's or numpy's, or a 0-d real array)."""
+    if isinstance(value, numbers.Real) or isinstance(value, np.ndarray) and value.shape == () and \
+            value.dtype.kind in "biuf":
+        return float(value)
+    raise InputError(f"{owner}: {name} must be a real number, got {value!r} ({type(value).__name__}); pass a Python "
+                     f"float, a numpy scalar or a 0-d array (float(...) of a string or a one-element array)")
+
+
+def _flag(owner: str, name: str, value: Any) -> bool:
+    """A hyperparameter that switches a variant on or off, as a Python bool."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise InputError(f"{owner}: {name} must be True or False, got {value!r} ({type(value).__name__})")
 
 
 def _check_nonnegative(owner: str, **values: float) -> None:
@@ -101,7 +170,8 @@ class SGD:
 
     def __post_init__(self) -> None:
         for name in ("lr", "momentum", "dampening", "weight_decay"):
-            object.__setattr__(self, name, float(getattr(self, name)))
+            object.__setattr__(self, name, _real("SGD", name, getattr(self, name)))
+        object.__setattr__(self, "nesterov", _flag("SGD", "nesterov", self.nesterov))
         _check_nonnegative("SGD", lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
         if self.nesterov and (self.momentum <= 0.0 or self.dampening != 0.0):
             raise InputError(f"SGD: nesterov=True needs momentum > 0 and dampening 0, got momentum {self.momentum} "
@@ -115,17 +185,18 @@ class SGD:
         """One step: the new parameters and state, as new arrays in the structure of `params`."""
         leaves, treedef = tree_flatten(params)
         grad_leaves = _checked_grads(treedef, leaves, grads, "SGD")
-        buffers = _leaves_like(treedef, state.momentum_buffer, "state.momentum_buffer", "SGD") if self.momentum \
-            else [None] * len(leaves)
+        step = _checked_step(state, SGDState, "SGD")
+        buffers = _checked_state(treedef, leaves, state.momentum_buffer, "state.momentum_buffer", "SGD") \
+            if self.momentum else [None] * len(leaves)
         scale = None
         if self.momentum and self.dampening:  # torch's first momentum step takes the gradient undamped
-            first = (state.step == 0).astype(np.float64)
+            first = (step == 0).astype(np.float64)
             scale = first + (1.0 - first) * (1.0 - self.dampening)
         rows = [(p, buf) if g is None else self._leaf(p, g, buf, scale)
                 for p, g, buf in zip(leaves, grad_leaves, buffers)]
         new_params, new_buffers = ([row[i] for row in rows] for i in range(2))
         momentum_buffer = tree_unflatten(treedef, new_buffers) if self.momentum else None
-        return tree_unflatten(treedef, new_params), SGDState(state.step + 1, momentum_buffer)
+        return tree_unflatten(treedef, new_params), SGDState(step + 1, momentum_buffer)
 
     def _leaf(self, p: Any, g: Any, buf: Any, scale: Any) -> tuple[Any, Any]:
         """One leaf's step (elementwise: one fused kernel when traced)."""
@@ -152,10 +223,12 @@ class Adam:
     def __post_init__(self) -> None:
         name = type(self).__name__
         for field in ("lr", "eps", "weight_decay"):
-            object.__setattr__(self, field, float(getattr(self, field)))
-        if len(self.betas) != 2:
-            raise InputError(f"{name}: betas must be a pair (beta1, beta2), got {self.betas!r}")
-        object.__setattr__(self, "betas", (float(self.betas[0]), float(self.betas[1])))
+            object.__setattr__(self, field, _real(name, field, getattr(self, field)))
+        object.__setattr__(self, "amsgrad", _flag(name, "amsgrad", self.amsgrad))
+        if not isinstance(self.betas, (tuple, list, np.ndarray)) or np.ndim(self.betas) != 1 or len(self.betas) != 2:
+            raise InputError(f"{name}: betas must be a pair (beta1, beta2), got {self.betas!r}; write e.g. "
+                             f"betas=(0.9, 0.999)")
+        object.__setattr__(self, "betas", tuple(_real(name, f"betas[{i}]", b) for i, b in enumerate(self.betas)))
         _check_nonnegative(name, lr=self.lr, eps=self.eps, weight_decay=self.weight_decay)
         for i, beta in enumerate(self.betas):
             if not 0.0 <= beta < 1.0:
@@ -172,9 +245,9 @@ class Adam:
         leaves, treedef = tree_flatten(params)
         grad_leaves = _checked_grads(treedef, leaves, grads, name)
         fields = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
-        moments = [_leaves_like(treedef, getattr(state, f), f"state.{f}", name) for f in fields]
+        step = _checked_step(state, AdamState, name) + 1
+        moments = [_checked_state(treedef, leaves, getattr(state, f), f"state.{f}", name) for f in fields]
         moments += [[None] * len(leaves)] * (3 - len(fields))
-        step = state.step + 1
         t = step.astype(np.float64)
         step_size = self.lr / (1.0 - self.betas[0] ** t)
         correction2_sqrt = np.sqrt(1.0 - self.betas[1] ** t)
