@@ -9,7 +9,7 @@ import pytest
 from jitgrad.kernels import vecmath
 from jitgrad.kernels.vecmath import ULP_BOUNDS
 
-NAMES = ["vexp", "vexpm1", "vlog", "vlog1p", "vtanh", "vsigmoid"]
+NAMES = ["vexp", "vexp2", "vexpm1", "vlog", "vlog2", "vlog10", "vlog1p", "vtanh", "vsigmoid"]
 DTYPES = [np.float32, np.float64]
 INF, NAN = np.inf, np.nan
 HAS_LONG_DOUBLE = np.finfo(np.longdouble).nmant >= 63
@@ -39,7 +39,8 @@ def _sigmoid(x):
     return 1 / (1 + np.exp(-x))
 
 
-REFERENCE = {"vexp": np.exp, "vexpm1": np.expm1, "vlog": np.log, "vlog1p": np.log1p,
+REFERENCE = {"vexp": np.exp, "vexp2": np.exp2, "vexpm1": np.expm1, "vlog": np.log, "vlog2": np.log2,
+             "vlog10": np.log10, "vlog1p": np.log1p,
              "vtanh": np.tanh, "vsigmoid": _sigmoid}
 
 
@@ -94,10 +95,16 @@ F32_SWEEPS = {
     "vexp": [bit_sweep(-104, 89, 1_500_000, np.float32), np.linspace(-1, 1, 200_001, dtype=np.float32),
              neighbours(88.72284, 2000, np.float32), neighbours(-103.97208, 2000, np.float32),
              neighbours(-87.33655, 2000, np.float32)],
+    "vexp2": [bit_sweep(-150, 128, 1_500_000, np.float32), np.linspace(-1, 1, 200_001, dtype=np.float32)]
+    + [neighbours(edge, 2000, np.float32) for edge in (128, -126, -149, -150)],
     "vexpm1": [bit_sweep(-20, 89, 1_000_000, np.float32), np.linspace(-1, 1, 200_001, dtype=np.float32),
                neighbours(88.72284, 2000, np.float32)],
     "vlog": [bit_sweep(0, np.finfo(np.float32).max, 1_500_000, np.float32),
              np.linspace(0.5, 2, 300_001, dtype=np.float32)],
+    "vlog2": [bit_sweep(0, np.finfo(np.float32).max, 1_500_000, np.float32),
+              np.linspace(0.5, 2, 300_001, dtype=np.float32)],
+    "vlog10": [bit_sweep(0, np.finfo(np.float32).max, 1_500_000, np.float32),
+               np.linspace(0.5, 2, 300_001, dtype=np.float32)],
     "vlog1p": [bit_sweep(-1, np.finfo(np.float32).max, 1_500_000, np.float32),
                np.linspace(-0.5, 1, 300_001, dtype=np.float32)],
     "vtanh": [bit_sweep(-12, 12, 1_500_000, np.float32), np.linspace(-1, 1, 200_001, dtype=np.float32)],
@@ -109,9 +116,13 @@ F64_SWEEPS = {
     "vexp": [bit_sweep(-746, 710, 400_000, np.float64), np.linspace(-1, 1, 100_001),
              neighbours(709.782712893384, 2000, np.float64), neighbours(-745.1332191019412, 2000, np.float64),
              neighbours(-708.3964185322641, 2000, np.float64)],
+    "vexp2": [bit_sweep(-1075, 1024, 400_000, np.float64), np.linspace(-1, 1, 100_001)]
+    + [neighbours(edge, 2000, np.float64) for edge in (1024, -1022, -1074, -1075)],
     "vexpm1": [bit_sweep(-40, 710, 400_000, np.float64), np.linspace(-1, 1, 100_001),
                neighbours(709.782712893384, 2000, np.float64)],
     "vlog": [bit_sweep(0, np.finfo(np.float64).max, 400_000, np.float64), np.linspace(0.5, 2, 100_001)],
+    "vlog2": [bit_sweep(0, np.finfo(np.float64).max, 400_000, np.float64), np.linspace(0.5, 2, 100_001)],
+    "vlog10": [bit_sweep(0, np.finfo(np.float64).max, 400_000, np.float64), np.linspace(0.5, 2, 100_001)],
     "vlog1p": [bit_sweep(-1, np.finfo(np.float64).max, 400_000, np.float64), np.linspace(-0.5, 1, 100_001)],
     "vtanh": [bit_sweep(-25, 25, 400_000, np.float64), np.linspace(-1, 1, 100_001)],
     "vsigmoid": [bit_sweep(-750, 750, 400_000, np.float64), np.linspace(-40, 40, 100_001)],
@@ -153,6 +164,30 @@ def test_exp_special_values(dtype):
     # The smallest denormal result, not 0.
     x = np.array([-103.5 if dtype == np.float32 else -744.9], dtype)
     assert apply("vexp", x)[0] == denormal
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exp2_special_values_and_exact_powers_of_two(dtype):
+    fi = np.finfo(dtype)
+    denormal = fi.smallest_subnormal
+    _check_exact("vexp2", dtype, [(INF, INF), (-INF, 0.0), (NAN, NAN), (0.0, 1.0), (-0.0, 1.0), (denormal, 1.0),
+                                  (-denormal, 1.0), (fi.maxexp, INF), (fi.max, INF), (-fi.max, 0.0),
+                                  (fi.minexp - fi.nmant - 1, 0.0), (fi.minexp - fi.nmant - 0.99, denormal)])
+    k = np.arange(fi.minexp - fi.nmant - 3, fi.maxexp + 3)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(apply("vexp2", k.astype(dtype)), np.ldexp(np.ones(k.size, dtype), k))
+
+
+@pytest.mark.parametrize("name", ["vlog2", "vlog10"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log2_log10_special_values_and_exact_powers(name, dtype):
+    fi = np.finfo(dtype)
+    _check_exact(name, dtype, [(0.0, -INF), (-0.0, -INF), (-1.0, NAN), (-fi.smallest_subnormal, NAN),
+                               (-INF, NAN), (INF, INF), (NAN, NAN), (1.0, 0.0)])
+    k = np.arange(fi.minexp - fi.nmant, fi.maxexp)
+    if name == "vlog2":
+        np.testing.assert_array_equal(apply(name, np.ldexp(np.ones(k.size, dtype), k)), k.astype(dtype))
+    check_ulp(name, np.array([fi.smallest_subnormal, fi.smallest_normal * 0.75, fi.smallest_normal, fi.max], dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

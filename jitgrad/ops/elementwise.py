@@ -33,14 +33,24 @@ def _math(name: str, vec: str | None = None, gpu: str | None = None) -> dict:
                      imports=(f"{VECMATH}.{vec}",) if vec else ())
 
 
+def _exact(name: str) -> dict:
+    """Lowerings of exp2, log2 or log10: vecmath's on the CPU (exact at integers and powers of two, where
+    exp(x ln 2) and log(x) / ln 2 are not), libdevice's on CUDA, numpy's in the simulator."""
+    return lowerings(f"v{name}({{0}})", f"libdevice.{name}{{f}}({{0}})", f"np.{name}({{0}})",
+                     imports=(f"{VECMATH}.v{name}",))
+
+
 # ---------------------------------------------------------------------- unary math
 
 neg_p = E("neg", np.negative, lambda g, x, out: L.neg(g), lowerings("(-{0})"),
           simplify=lambda e, scalar_of, producer_of: _involution(e, producer_of))
 exp_p = E("exp", np.exp, lambda g, x, out: L.mul(g, out), _math("exp", "vexp"), costly=True)
 expm1_p = E("expm1", np.expm1, lambda g, x, out: L.mul(g, L.add(out, 1)), _math("expm1", "vexpm1"), costly=True)
+exp2_p = E("exp2", np.exp2, lambda g, x, out: L.mul(L.mul(g, out), math.log(2.0)), _exact("exp2"), costly=True)
 log_p = E("log", np.log, lambda g, x, out: L.div(g, x), _math("log", "vlog"), costly=True)
 log1p_p = E("log1p", np.log1p, lambda g, x, out: L.div(g, L.add(x, 1)), _math("log1p", "vlog1p"), costly=True)
+log2_p = E("log2", np.log2, lambda g, x, out: L.div(L.div(g, x), math.log(2.0)), _exact("log2"), costly=True)
+log10_p = E("log10", np.log10, lambda g, x, out: L.div(L.div(g, x), math.log(10.0)), _exact("log10"), costly=True)
 sin_p = E("sin", np.sin, lambda g, x, out: L.mul(g, L.cos(x)), _math("sin"), costly=True)
 cos_p = E("cos", np.cos, lambda g, x, out: L.neg(L.mul(g, L.sin(x))), _math("cos"), costly=True)
 tan_p = E("tan", np.tan, lambda g, x, out: L.mul(g, L.add(L.mul(out, out), 1)), _math("tan"), costly=True)
@@ -100,8 +110,11 @@ def _involution(e: Eqn, producer_of: Any) -> Atom | None:
 negative = ufunc_binding(np.negative, neg_p)
 exp = ufunc_binding(np.exp, exp_p)
 expm1 = ufunc_binding(np.expm1, expm1_p)
+exp2 = ufunc_binding(np.exp2, exp2_p)
 log = ufunc_binding(np.log, log_p)
 log1p = ufunc_binding(np.log1p, log1p_p)
+log2 = ufunc_binding(np.log2, log2_p)
+log10 = ufunc_binding(np.log10, log10_p)
 sin = ufunc_binding(np.sin, sin_p)
 cos = ufunc_binding(np.cos, cos_p)
 tan = ufunc_binding(np.tan, tan_p)
@@ -273,7 +286,9 @@ def power(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
     """numpy.power; x ** 2 is x * x (the same numbers, and a cheaper gradient); a float32 x ** 3 is
     (x * x) * x, as torch computes it (its bits; within 2 ulp of the exact cube, 1.27 ulp the largest error
     over a sweep in tests/test_product_power.py, where numpy's powf is within 1 ulp), a vectorised product
-    instead of a libm call per element."""
+    instead of a libm call per element. A float x ** 0.5 is sqrt(x) and x ** -1 is 1 / x, as numpy's loop
+    computes a scalar exponent's (so (-0.0) ** 0.5 is -0.0 and (-inf) ** 0.5 is nan, where C's pow gives +0
+    and inf)."""
     if isinstance(x2, (int, float)) and not isinstance(x2, bool):
         if x2 == 2:
             return multiply(x1, x1)
@@ -282,6 +297,10 @@ def power(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
         a = aval_of(x1)
         if x2 == 3 and a.dtype == np.float32 and not a.weak:
             return multiply(multiply(x1, x1), x1)
+        dtype, weak = result_type(np.power, x1, x2)
+        if x2 in (0.5, -1) and dtype.kind == "f":
+            x = convert(x1, dtype, weak)
+            return sqrt(x) if x2 == 0.5 else divide(1.0, x)
     return elementwise(pow_p, np.power, x1, x2)
 
 
@@ -304,23 +323,6 @@ def reciprocal(x: ArrayLike, /) -> ArrayLike:
 @implements(np.positive)
 def positive(x: ArrayLike, /) -> ArrayLike:
     return x
-
-
-def _log_base(ufunc: np.ufunc, base: float) -> None:
-    def op(x: ArrayLike, /) -> ArrayLike:
-        return divide(elementwise(log_p, ufunc, x), float(np.log(base)))
-    op.__name__ = op.__qualname__ = ufunc.__name__
-    implements(ufunc)(op)
-
-
-_log_base(np.log2, 2.0)
-_log_base(np.log10, 10.0)
-
-
-@implements(np.exp2)
-def exp2(x: ArrayLike, /) -> ArrayLike:
-    return elementwise(exp_p, np.exp2, multiply(x, float(np.log(2.0))) if aval_of(x).is_float
-                       else multiply(convert(x, result_type(np.exp2, x)[0]), float(np.log(2.0))))
 
 
 # ---------------------------------------------------------------------- comparisons and logic
