@@ -9,6 +9,41 @@
     value, (gw, gx, gb) = loss.value_and_grad(w, x, b)
 """
 import os as _os
+import sys as _sys
+from importlib import util as _util
+
+
+def _kernels_of_a_clone() -> None:
+    """`jitgrad.kernels` is the top-level kernels/ folder (pyproject's package-dir). Installed, it is a folder
+    of the package; in a clone's root, whose jitgrad/ comes first on sys.path even where jitgrad is
+    installed, it is loaded from the clone's kernels/ beside jitgrad/."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    beside = _os.path.join(_os.path.dirname(here), "kernels")
+    if _os.path.isdir(_os.path.join(here, "kernels")) or not _os.path.isfile(_os.path.join(beside, "__init__.py")):
+        return
+    if _util.find_spec("jitgrad.kernels") is not None:  # an editable install's finder maps it
+        return
+    spec = _util.spec_from_file_location("jitgrad.kernels", _os.path.join(beside, "__init__.py"),
+                                         submodule_search_locations=[beside])
+    module = _util.module_from_spec(spec)
+    _sys.modules["jitgrad.kernels"] = module
+    spec.loader.exec_module(module)
+    globals()["kernels"] = module  # as the import system binds an imported submodule on its package
+
+
+_kernels_of_a_clone()
+
+
+def _check_numpy() -> None:
+    """jitgrad binds to numpy 2.4's signatures and names: an older numpy is refused at import, with what to do."""
+    import numpy
+
+    if tuple(int(p) for p in numpy.__version__.split(".")[:2] if p.isdigit()) < (2, 4):
+        raise ImportError(f"jitgrad needs numpy 2.4 or newer (numpy {numpy.__version__} is installed, at "
+                          f"{_os.path.dirname(numpy.__file__)}): python -m pip install -U 'numpy>=2.4'")
+
+
+_check_numpy()
 
 # numba's OpenMP workers spin-wait by default; on a loaded machine that stalls every parallel
 # kernel call by milliseconds. Passive waiting must be chosen before the OpenMP runtime starts. It is
