@@ -5,13 +5,13 @@ import math
 
 from ..dispatch import export
 from .core import ArrayLike
-from .elementwise import absolute, add, exp, greater, log1p, maximum, multiply, negative, tanh, where
+from .elementwise import absolute, add, exp, less_equal, log1p, maximum, multiply, negative, tanh, where
 
 
 @export
 def relu(x: ArrayLike) -> ArrayLike:
-    """max(x, 0) with gradient 0 at x == 0, as torch.relu."""
-    return where(greater(x, 0), x, 0.0)
+    """max(x, 0) (NaN stays NaN), gradient 0 where x <= 0 and 1 elsewhere, NaN included, as torch.relu."""
+    return where(less_equal(x, 0), 0.0, x)
 
 
 @export

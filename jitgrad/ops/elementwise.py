@@ -69,7 +69,7 @@ arcsinh_p = E("arcsinh", np.arcsinh, lambda g, x, out: L.div(g, L.sqrt(L.add(L.m
 arctanh_p = E("arctanh", np.arctanh, lambda g, x, out: L.div(g, L.sub(1, L.mul(x, x))),
               _math("arctanh", gpu="atanh"), costly=True)
 sqrt_p = E("sqrt", np.sqrt, lambda g, x, out: L.div(L.mul(g, 0.5), out), _math("sqrt"))
-abs_p = E("abs", np.absolute, lambda g, x, out: L.mul(g, L.sign(x)), lowerings("abs({0})"))
+abs_p = E("abs", np.absolute, lambda g, x, out: L.mul(g, _sign_or_zero(x, g)), lowerings("abs({0})"))
 sign_p = E("sign", np.sign, None, lowerings(
     "np.sign({0})", "({cast}(1) if {0} > 0 else ({cast}(-1) if {0} < 0 else ({0} if {0} != {0} else {cast}(0))))",
     "np.sign({0})"))
@@ -78,6 +78,12 @@ ceil_p = E("ceil", np.ceil, None, _math("ceil"))
 rint_p = E("rint", np.rint, None, lowerings("np.rint({0})", "libdevice.rint{f}({0})", "np.rint({0})"))
 isnan_p = E("isnan", np.isnan, None, _math("isnan"), rule=bool_aval)
 isfinite_p = E("isfinite", np.isfinite, None, _math("isfinite"), rule=bool_aval)
+
+
+def _sign_or_zero(x: Any, like: Any) -> Any:
+    """(x > 0) - (x < 0) in `like`'s dtype: ±1, and 0 at ±0 and NaN (torch's sgn, which abs's gradient reads)."""
+    dtype = L.aval(like).dtype
+    return L.sub(L.convert(L.gt(x, 0), dtype), L.convert(L.lt(x, 0), dtype))
 
 
 def _erf_impl(x: Any) -> np.ndarray:
@@ -192,15 +198,12 @@ def _pow_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
 
 
 def _extremum_vjp(wins: str) -> Any:
-    """The gradient goes to the operand that wins, split evenly on ties; where either is NaN (the result is
-    NaN) both get it, as torch.maximum/minimum do. Exact in the gradient's dtype."""
+    """The gradient goes to the operand that wins, half of it to each on ties; where either is NaN (the result
+    is NaN) both get it; a losing operand gets +0 whatever the cotangent's sign: torch.maximum/minimum's rule."""
     def vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
         x_loses, y_loses = (L.lt(x, y), L.gt(x, y)) if wins == "max" else (L.gt(x, y), L.lt(x, y))
-        tie = L.eq(x, y)
-
-        def share(loses: Any) -> Any:
-            return L.select(loses, L.zeros_like(g), L.select(tie, L.full_like(g, 0.5), L.ones_like(g)))
-        return L.mul(g, share(x_loses)), L.mul(g, share(y_loses))
+        won = L.select(L.eq(x, y), L.mul(g, 0.5), g)
+        return L.select(x_loses, 0, won), L.select(y_loses, 0, won)
     return vjp
 
 
@@ -267,7 +270,7 @@ atan2_p = E("atan2", np.arctan2, _atan2_vjp, lowerings("np.arctan2({0}, {1})", "
 _FMOD = "{cast}(math.fmod({0}, {1}))"
 _REMAINDER = f"({_FMOD} + {{1}} if ({_FMOD} != 0 and (({{1}} < 0) != ({_FMOD} < 0))) else " \
              f"({_FMOD} if {_FMOD} != 0 else math.copysign({{cast}}(0), {{1}})))"
-remainder_p = E("remainder", np.remainder, lambda g, x, y, out: (g, L.neg(L.mul(g, L.floor(L.div(x, y))))),
+remainder_p = E("remainder", np.remainder, lambda g, x, y, out: (g, L.neg(L.mul(g, L.floor_divide(x, y)))),
                 lowerings(_REMAINDER.replace("math.", "np."), _REMAINDER, _REMAINDER.replace("math.", "np."),
                           integer="({cast}(0) if ({1} == 0 or {1} == -1) else {0} % {1})"))
 
@@ -427,15 +430,22 @@ def where(condition: ArrayLike, x: ArrayLike = np._NoValue, y: ArrayLike = np._N
 @implements(np.clip, method="clip", method_signature="(self, /, min=NO_VALUE, max=NO_VALUE, out=None, **kwargs)")
 def clip(a: ArrayLike, a_min: ArrayLike = np._NoValue, a_max: ArrayLike = np._NoValue, *,
          min: ArrayLike = np._NoValue, max: ArrayLike = np._NoValue) -> ArrayLike:
-    """numpy.clip (also with numpy 2.1's min=/max= names): NaN stays NaN, the upper bound wins when the
-    bounds cross; the gradient is 1 on the closed interval and goes to the bound outside it, as torch.clamp."""
+    """numpy.clip (also with numpy 2.1's min=/max= names): NaN in any operand gives NaN, the upper bound wins
+    when the bounds cross. torch.clamp's gradient: to `a` on the closed interval, else to the bound taken (to
+    `hi` if the bounds cross; to neither where `a < lo == hi`); none to anything where the result is NaN."""
     lo = _one_bound("min", a_min, min)
     hi = _one_bound("max", a_max, max)
-    if lo is not None:
-        a = where(less(a, lo), lo, a)
-    if hi is not None:
-        a = where(greater(a, hi), hi, a)
-    return a
+    if lo is None and hi is None:
+        return a
+    if hi is None:
+        return where(greater_equal(a, lo), a, where(less(a, lo), lo, stop_gradient(maximum(a, lo))))
+    if lo is None:
+        return where(less_equal(a, hi), a, where(greater(a, hi), hi, stop_gradient(minimum(a, hi))))
+    at_least_lo = maximum(a, lo)
+    inside = logical_and(greater_equal(a, lo), less_equal(a, hi))
+    to_lo = logical_and(less(a, lo), less(lo, hi))
+    nan_or_tied = stop_gradient(minimum(at_least_lo, hi))  # a NaN operand, or a < lo == hi: no gradient
+    return where(inside, a, where(greater(at_least_lo, hi), hi, where(to_lo, lo, nan_or_tied)))
 
 
 def _one_bound(name: str, positional: Any, keyword: Any) -> Any:
@@ -447,14 +457,14 @@ def _one_bound(name: str, positional: Any, keyword: Any) -> Any:
 
 @implements(np.fmax)
 def fmax(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
-    """numpy.fmax: the maximum, ignoring a NaN operand."""
-    return where(isnan(x2), x1, where(isnan(x1), x2, maximum(x1, x2)))
+    """numpy.fmax: the maximum, ignoring a NaN operand; a tie goes to x1 (value and gradient), as torch.fmax."""
+    return where(logical_or(greater_equal(x1, x2), isnan(x2)), x1, x2)
 
 
 @implements(np.fmin)
 def fmin(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
-    """numpy.fmin: the minimum, ignoring a NaN operand."""
-    return where(isnan(x2), x1, where(isnan(x1), x2, minimum(x1, x2)))
+    """numpy.fmin: the minimum, ignoring a NaN operand; a tie goes to x1 (value and gradient), as torch.fmin."""
+    return where(logical_or(less_equal(x1, x2), isnan(x2)), x1, x2)
 
 
 @export

@@ -86,9 +86,9 @@ def _hypot_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, Any]:
 
 
 def _copysign_vjp(g: Any, x: Any, y: Any, out: Any) -> tuple[Any, None]:
-    """d/dx = out / x (±1), 0 where x is 0; none to the sign's source: torch.copysign's rule."""
+    """d/dx = g * (out / x): g * ±1, g * 0 where x is 0; none to the sign's source: torch.copysign's rule."""
     zero = L.eq(x, 0)
-    return L.select(zero, 0, L.mul(g, L.div(out, L.select(zero, 1, x)))), None
+    return L.mul(g, L.select(zero, 0, L.div(out, L.select(zero, 1, x)))), None
 
 
 def _logaddexp_template(log_term: str, tie: str) -> str:
