@@ -1,14 +1,20 @@
 """Shared test set-up: deterministic seeds, bounded hypothesis runs, passive OpenMP waiting."""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# pytest-xdist (pyproject's addopts run two workers): each worker keeps its own kernel disk cache, so one
-# worker's compiles never show up as the other's disk loads in the tests that count compiles and loads.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _base = os.environ.get("JITGRAD_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "jitgrad")
-    os.environ["JITGRAD_CACHE_DIR"] = os.path.join(_base, "xdist-" + os.environ["PYTEST_XDIST_WORKER"])
+# Each test process (each pytest-xdist worker: pyproject's addopts run two) keeps its kernel disk cache in a
+# temporary folder of its own, removed when the process's session ends: one worker's compiles never show
+# up as the other's disk loads in the tests that count compiles and loads, and the suite leaves nothing in
+# the user's ~/.cache/jitgrad. A JITGRAD_CACHE_DIR set by whoever runs the tests is kept as the parent.
+_cache_parent = os.environ.get("JITGRAD_CACHE_DIR")
+if _cache_parent:
+    os.makedirs(_cache_parent, exist_ok=True)
+TEST_CACHE_DIR = tempfile.mkdtemp(prefix=f"jitgrad-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-",
+                                  dir=_cache_parent)
+os.environ["JITGRAD_CACHE_DIR"] = TEST_CACHE_DIR
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -26,3 +32,8 @@ def rng() -> np.random.Generator:
 
 # tests/cuda runs in its own process under numba's CUDA simulator (tests/test_cuda_sim.py).
 collect_ignore = ["cuda"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove this process's kernel cache folder (background compiles have finished or are abandoned)."""
+    shutil.rmtree(TEST_CACHE_DIR, ignore_errors=True)
