@@ -203,6 +203,9 @@ def write_atomic(path: str, data: bytes) -> bool:
         discard(tmp)
         mark_unusable(folder, exc)
         return False
+    except BaseException:  # a KeyboardInterrupt mid-write: no temporary file is left behind
+        discard(tmp)
+        raise
     return True
 
 

@@ -316,21 +316,22 @@ class Executable:
     def _first_run(self, slots: list[Any]) -> None:
         """Run every step, telling a progress reporter before each kernel (each compiles on its first run).
         With the compile helper (`kernels.helper`), the kernels are first compiled here and there, largest
-        first, then the steps run. Background compiles wait until it returns (`background.Scheduler.foreground`)."""
-        self.first = False
+        first, then the steps run. Background compiles wait until it returns (`background.Scheduler.foreground`).
+        A first call that raised (a KeyboardInterrupt in a compile, say) leaves the next call a first call."""
         with background.scheduler.foreground():
             self._first_steps(slots)
+        self.first = False
 
     def _first_steps(self, slots: list[Any]) -> None:
         compile_helper = self._offer_to_helper(slots)
         report = progress.first_call(self.label, self.kernel_count)
-        if compile_helper is not None:
-            self._compile_ahead(compile_helper, report)
         if report is None and compile_helper is None:
             run_steps(self.steps, slots)
             return
         k = 0
         try:
+            if compile_helper is not None:
+                self._compile_ahead(compile_helper, report)
             for c, released in self.steps:
                 if isinstance(c, _KernelCall):
                     k += 1

@@ -32,6 +32,7 @@ class Scheduler:
         self._worker: threading.Thread | None = None
         self._running = False
         self._foreground = 0  # compiles under way on other threads
+        self._holders: set[object] = set()  # `foreground` blocks under way
         self._last_foreground = 0.0
         self._closing = False
 
@@ -69,12 +70,18 @@ class Scheduler:
     def foreground(self) -> Iterator[None]:
         """Hold background compiles back for the whole block, not only while numba compiles in it: a first
         call waiting for a kernel the compile helper builds must not let a parallel variant take the core
-        (and numba's compiler lock) the kernels after it need."""
-        self.foreground_started()
+        (and numba's compiler lock) the kernels after it need. A token in a set, added and removed inside the
+        `try`, so a KeyboardInterrupt anywhere in it leaves no hold behind."""
+        token = object()
         try:
+            with self._cond:
+                self._holders.add(token)
             yield
         finally:
-            self.foreground_ended()
+            with self._cond:
+                self._holders.discard(token)
+                self._last_foreground = time.monotonic()
+                self._cond.notify_all()
 
     def wait(self, running_only: bool = False) -> None:
         """Wait until every submitted compile has run (or, with `running_only`, the one under way)."""
@@ -98,7 +105,7 @@ class Scheduler:
                     self._cond.notify_all()
                     return None
                 quiet = time.monotonic() - self._last_foreground
-                if self._foreground == 0 and quiet >= QUIET_S:
+                if self._foreground == 0 and not self._holders and quiet >= QUIET_S:
                     self._running = True
                     self._urgent = max(self._urgent - 1, 0)
                     return self._jobs.popleft()

@@ -9,8 +9,8 @@ another is a miss, never another kernel's code. numba's own `cache=True` is not 
 per-function index is read-modified-written without a lock (two processes can drop each other's entries
 or pair an index slot with another signature's code) and a damaged index or data file raises instead of
 recompiling. numba's compile event says which kernels compile and for how long (logger `jitgrad.compile`),
-and `function_passes` and `quick_codegen` when one is under way. Threads: modules load under a lock,
-numba compiles under its own, and parallel calls queue under numba's workqueue layer.
+and `function_passes` and `quick_codegen` when one is under way. Threads: modules load under a lock, numba
+compiles under its own (a main thread's in a `shield` worker), parallel calls queue under workqueue.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from numba.core.runtime import rtsys
 from numba.core.serialize import dumps
 
 from jitgrad import cache
-from jitgrad.kernels import background, collector, function_passes, quick_codegen
+from jitgrad.kernels import background, collector, function_passes, quick_codegen, shield
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -47,7 +47,7 @@ log = logging.getLogger("jitgrad.compile")
 cache_log = logging.getLogger("jitgrad.cache")
 _lock = threading.RLock()
 _modules: dict[str, "CompiledSource"] = {}
-_thread = threading.local()  # per thread: `builds`, the machine code it compiled
+_builds: dict[int, int] = {}  # thread ident -> machine code compiled for it (`shield.caller`)
 _STATS = {"kernels_loaded": 0, "signatures": 0, "builds": 0, "disk_hits": 0, "disk_writes": 0, "disk_rejected": 0}
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import|import[ \t]+([\w.]+))", re.MULTILINE)
 
@@ -59,9 +59,9 @@ def _count(key: str) -> None:
 
 
 def thread_builds() -> int:
-    """Machine code this thread has compiled (`builds` of `stats()` made by the calling thread): a first call
-    compares it before and after to see whether it compiled (jitgrad.progress)."""
-    return getattr(_thread, "builds", 0)
+    """Machine code compiled for this thread (`builds` of `stats()`, its `shield` workers' included): a first
+    call compares it before and after to see whether it compiled (jitgrad.progress)."""
+    return _builds.get(threading.get_ident(), 0)
 
 
 # ---------------------------------------------------------------------- keys
@@ -262,7 +262,7 @@ class _CompileLog(numba_event.Listener):
             log.warning("compiling %s failed after %.2f s", label, seconds)
             return
         _count("builds")
-        _thread.builds = thread_builds() + 1
+        _builds[shield.caller()] = _builds.get(shield.caller(), 0) + 1
         log.info("compiled %s in %.2f s", label, seconds)
 
 
@@ -375,6 +375,7 @@ def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
         for fname, opts in variants.items():
             dispatcher = numba.njit(error_model="numpy", **quick_codegen.numba_options(opts))(getattr(module, fname))
             quick_codegen.mark(dispatcher, opts)
+            shield.shield(dispatcher)
             if folder is not None:
                 dispatcher._cache = DiskCache(folder, name, fname, opts)
             functions[fname] = dispatcher
