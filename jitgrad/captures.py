@@ -381,6 +381,14 @@ class _Restorer:
             lock.release()
 
     def _undo(self) -> None:
-        for restore in reversed(self.walk.restore):
-            restore()
-        self.walk.restore.clear()
+        """Put every replaced value back, last first. A restore is dropped only after it ran (running one
+        twice is harmless), and a KeyboardInterrupt in the middle still lets the rest run before it goes on."""
+        pending = self.walk.restore
+        try:
+            while pending:
+                pending[-1]()
+                pending.pop()
+        finally:
+            while pending:
+                pending[-1]()
+                pending.pop()

@@ -314,3 +314,28 @@ def test_backward_reads_with_unmaterialized_gradients_and_second_order() -> None
     np.testing.assert_array_equal(only_second.grad(x)[0], [4.0, 5.0])
     # d/dx sum((2 x w)^2) = 8 x w^2, with w read at this call
     np.testing.assert_allclose(both.grad(x)[0], 8 * x * weights["first"] ** 2)
+
+
+def test_an_interrupt_while_the_trace_puts_captured_arrays_back_still_puts_them_all_back() -> None:
+    """A KeyboardInterrupt raised by one restore (as Ctrl-C between two of them) does not leave the others
+    as traced values: every one is put back before the interrupt goes on."""
+    from jitgrad import captures
+
+    holder = {"a": np.ones(2), "b": np.full(2, 2.0), "c": np.full(2, 3.0)}
+    originals = dict(holder)
+    restorer = captures.substituted(lambda: holder, lambda x, path: object(), {}, {})
+    restorer.__enter__()
+    assert all(holder[k] is not originals[k] for k in holder)
+    interrupted = []
+
+    def interrupt_once() -> None:
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+
+    restorer.walk.restore.insert(2, interrupt_once)
+    with pytest.raises(KeyboardInterrupt):
+        restorer.__exit__(None, None, None)
+    assert all(holder[k] is originals[k] for k in holder)
+    f = jg.trace(lambda x: x * holder["a"])
+    np.testing.assert_array_equal(f(np.full(2, 3.0)), [3.0, 3.0])
