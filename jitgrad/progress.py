@@ -88,13 +88,14 @@ class FirstCall:
         """Kernel `k` (from 1) is about to run: report it if the call has compiled long enough."""
         elapsed = self._due()
         if elapsed is not None:
-            self._show(f"compiling {self.label}: kernel {k} of {self.n}, {elapsed:.1f} s")
+            self._show("compiling", f"kernel {k} of {self.n}, {elapsed:.1f} s")
 
-    def building(self, built: int, total: int) -> None:
-        """Before compiling ahead of the steps (with the compile helper): `built` of the `total` kernels done."""
+    def building(self, ready: int) -> None:
+        """Before compiling ahead of the steps (with the compile helper): the machine code of `ready` of the
+        call's `n` kernels is built (the same total as `kernel`'s)."""
         elapsed = self._due()
         if elapsed is not None:
-            self._show(f"compiling {self.label}: {built} of {total} kernels built, {elapsed:.1f} s")
+            self._show("compiling", f"{ready} of {self.n} kernels ready, {elapsed:.1f} s")
 
     def end(self, completed: bool) -> None:
         """The call finished (or raised): report the total, or end the terminal line, if anything was due."""
@@ -103,8 +104,8 @@ class FirstCall:
             return
         if completed:
             built = compiler.thread_builds() - self.builds
-            self._show(f"compiled {self.label}: {self.n} kernel{'s' if self.n != 1 else ''} ({built} built) "
-                       f"in {elapsed:.1f} s", last=True)
+            self._show("compiled", f"{self.n} kernel{'s' if self.n != 1 else ''} ({built} built) in {elapsed:.1f} s",
+                       last=True)
         elif self.shown and self.line is not None:
             self.line.write("\n")  # the call raised: leave the last progress line as it was
 
@@ -115,7 +116,10 @@ class FirstCall:
         elapsed = time.perf_counter() - self.start
         return elapsed if elapsed >= self.after else None
 
-    def _show(self, text: str, last: bool = False) -> None:
+    def _show(self, verb: str, counts: str, last: bool = False) -> None:
+        """One progress line, `jitgrad: <verb> <label>: <counts>`; on a terminal the label is shortened to fit
+        its width, never the counts."""
+        text = f"{verb} {self.label}: {counts}"
         if self.line is None:
             now = time.perf_counter()
             if last or now - self.logged_at >= LOG_EVERY_S:
@@ -123,8 +127,9 @@ class FirstCall:
                 log.info("%s", text)
             return
         self.shown = True
-        width = max(shutil.get_terminal_size().columns - 1, 20)
-        self.line.write("\r" + f"jitgrad: {text}"[:width] + "\x1b[K" + ("\n" if last else ""))
+        room = shutil.get_terminal_size().columns - 1 - len(f"jitgrad: {verb} : {counts}")
+        label = self.label if len(self.label) <= room else self.label[:max(room - 1, 0)] + "…"
+        self.line.write(f"\rjitgrad: {verb} {label}: {counts}\x1b[K" + ("\n" if last else ""))
         self.line.flush()
 
 

@@ -378,10 +378,11 @@ class Executable:
         """Compile queued kernels here, largest first, while the helper compiles others, until the queue is
         empty; the steps then run with every kernel built here or on disk (or compile one whose guessed
         argument types were wrong). A compile that fails here is left for its step, which raises it."""
-        keys = {c.helper_key for c in self.calls if isinstance(c, _KernelCall) and c.helper_key is not None}
+        step_keys = [c.helper_key for c in self.calls if isinstance(c, _KernelCall)]
+        queued = [key for key in step_keys if key is not None]
         while True:
             if report is not None:
-                report.building(compile_helper.settled(keys), len(keys))
+                report.building(len(step_keys) - len(queued) + compile_helper.settled(queued))
             job = compile_helper.claim_next()
             if job is None:
                 return

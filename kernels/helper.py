@@ -127,8 +127,9 @@ class CompileHelper:
             job.state = "claimed"
             return job
 
-    def settled(self, keys: set[tuple]) -> int:
-        """How many of these jobs are compiled by now, here or by the helper (progress)."""
+    def settled(self, keys: list[tuple]) -> int:
+        """How many of these jobs (a job once per kernel step that runs it) are compiled by now, here or by the
+        helper (progress)."""
         with self.cond:
             return sum(self.jobs[key].state in ("done", "claimed", "failed") for key in keys)
 

@@ -131,6 +131,25 @@ def test_on_a_terminal_progress_is_one_updating_line(monkeypatch, builds) -> Non
     assert terminal.text.count("\n") == 1 and terminal.text.endswith("\n")
 
 
+def test_a_narrow_terminal_shortens_the_function_never_the_counts(monkeypatch, builds) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("JITGRAD_PROGRESS_AFTER", "0")
+    monkeypatch.setenv("COLUMNS", "80")
+    label = "call of make_step.<locals>.train_step (docs/examples/train_lm.py:123)"
+    report = progress.first_call(label, 57)
+    builds[0] += 1
+    report.building(3)
+    report.kernel(1)
+    lines = [line.removesuffix("\x1b[K") for line in terminal.text.split("\r")[1:]]
+    assert all(len(line) <= 79 for line in lines), lines
+    assert lines[0].startswith("jitgrad: compiling call of make_step") and "…: 3 of 57 kernels ready, " in lines[0]
+    assert "…: kernel 1 of 57, " in lines[1] and lines[1].endswith(" s")
+    monkeypatch.setenv("COLUMNS", "200")
+    report.kernel(2)
+    assert terminal.text.split("\r")[-1].startswith(f"jitgrad: compiling {label}: kernel 2 of 57, ")
+
+
 def test_fast_first_calls_and_switched_off_progress_say_nothing(monkeypatch, builds, caplog) -> None:
     monkeypatch.setenv("JITGRAD_PROGRESS_AFTER", "60")
     with caplog.at_level("INFO", logger="jitgrad.progress"):
