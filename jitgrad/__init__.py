@@ -65,7 +65,8 @@ from .tracing import no_grad  # noqa: E402
 from .trees import (register_dataclass, register_pytree_node, tree_flatten, tree_leaves, tree_map,  # noqa: E402
                     tree_structure, tree_unflatten)
 from .function import Function, FunctionCtx  # noqa: E402
-from .gradcheck import gradcheck, gradgradcheck, jacobian  # noqa: E402
+from .gradcheck import gradcheck, gradgradcheck  # noqa: E402
+from .forward import float0, hessian, jacfwd, jacobian, jacrev, jvp, linearize  # noqa: E402
 from . import optim  # noqa: E402  (jg.optim.SGD, Adam, AdamW)
 
 globals().update(_EXPORTS)  # jg.<op> for every op the modules of jitgrad.ops declare (jg.sum, jg.gelu, ...)
@@ -73,7 +74,8 @@ __version__ = "0.1.0"
 __all__ = ["ArgumentError", "Context", "Traced", "clear_caches", "grad", "trace", "value_and_grad", "vjp",
            "ConcretizationError", "FunctionError", "GradcheckError", "InputError", "JitgradError", "PrecisionWarning",
            "ShapeError", "TraceError", "UnsupportedError", "no_grad", "Function", "FunctionCtx", "gradcheck",
-           "gradgradcheck", "jacobian", "register_dataclass", "register_pytree_node", "tree_flatten", "tree_leaves",
+           "gradgradcheck", "jacobian", "jacfwd", "jacrev", "hessian", "jvp", "linearize", "float0",
+           "register_dataclass", "register_pytree_node", "tree_flatten", "tree_leaves",
            "tree_map", "tree_structure", "tree_unflatten", "optim"]
 __all__.extend(sorted(_EXPORTS))
 

@@ -1,7 +1,6 @@
 """Gradient checks as in `torch.autograd`: `gradcheck` compares the analytic Jacobian, built row by
 row from vjps through the compiled kernels, with central finite differences; `gradgradcheck` does
-the same for the vjp itself (second derivatives); `jacobian` returns the full Jacobian, which a
-single PyTorch `backward` cannot produce.
+the same for the vjp itself (second derivatives). The full Jacobian is `jitgrad.forward`'s `jacobian`.
 
 Numpy array inputs, and the array leaves of pytree inputs, are the function's variables (float ones are
 checked); other inputs (Python numbers, flags) are passed through unchanged.
@@ -19,8 +18,8 @@ from .api import Traced, trace
 from .errors import GradcheckError, InputError, UnsupportedError
 from .tracebacks import api_boundary
 from .tracing import Tracer, current_builder
-from .transforms import vjp
-from .trees import flatten_output, unflatten_output
+from .transforms import function_name, vjp
+from .trees import flatten_output
 
 
 @dataclass
@@ -43,16 +42,8 @@ class _Problem:
         return [np.asarray(o) for o in flatten_output(self.traced(*arrays))[0]]
 
 
-def _name(fn: Callable[..., Any]) -> str:
-    """`Sigmoid.apply` for a Function's apply, the function's name otherwise."""
-    owner = getattr(fn, "__self__", None)
-    name = getattr(fn, "__name__", "fn")
-    return f"{owner.__name__}.{name}" if isinstance(owner, type) else name
-
-
-def _problem(fn: Callable[..., Any], inputs: Any, what: str) -> tuple[_Problem, list[tuple[int, int]]]:
-    """The traced problem and, per array input, where it sits among the user's inputs: (input, leaf of it).
-    Inputs may be pytrees; their array leaves are the variables, other leaves stay fixed."""
+def _problem(fn: Callable[..., Any], inputs: Any, what: str) -> _Problem:
+    """The traced problem. Inputs may be pytrees; their array leaves are the variables, other leaves stay fixed."""
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     flat = [trees.tree_flatten(x) for x in inputs]
     if current_builder() is not None or any(isinstance(leaf, Tracer) for leaves, _ in flat for leaf in leaves):
@@ -67,18 +58,18 @@ def _problem(fn: Callable[..., Any], inputs: Any, what: str) -> tuple[_Problem, 
             full[i][j] = a
         return base(*[trees.tree_unflatten(treedef, leaves) for leaves, (_, treedef) in zip(full, flat)])
 
-    on_arrays.__name__ = _name(base)
+    on_arrays.__name__ = function_name(base)
     arrays = [np.asarray(flat[i][0][j]) for i, j in slots]
     names = [f"input {i}" if flat[i][1].is_leaf() else
              f"input {i}" + "".join(f"[{k!r}]" for k in flat[i][1].paths()[j]) for i, j in slots]
-    return _Problem(trace(on_arrays), arrays, names), slots
+    return _Problem(trace(on_arrays), arrays, names)
 
 
-def _analytic(problem: _Problem, wrt: Sequence[int]) -> tuple[list[np.ndarray], Any, list[list[np.ndarray]]]:
-    """Outputs, their structure, and per (output, input in `wrt`) the Jacobian as (output size, input size),
-    one compiled backward run per output element."""
+def _analytic(problem: _Problem, wrt: Sequence[int]) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """Outputs and per (output, input in `wrt`) the Jacobian as (output size, input size), one compiled
+    backward run per output element."""
     out, pullback = problem.traced.vjp(*problem.arrays)
-    leaves, tree = flatten_output(out)
+    leaves, _ = flatten_output(out)
     leaves = [np.asarray(o) for o in leaves]
     jac = [[np.zeros((o.size, problem.arrays[j].size)) for j in wrt] for o in leaves]
     for k, o in enumerate(leaves):
@@ -91,7 +82,7 @@ def _analytic(problem: _Problem, wrt: Sequence[int]) -> tuple[list[np.ndarray], 
             for c, j in enumerate(wrt):
                 if grads[j] is not None:
                     jac[k][c][row] = np.asarray(grads[j]).reshape(-1)
-    return leaves, tree, jac
+    return leaves, jac
 
 
 def _numerical(problem: _Problem, wrt: Sequence[int], leaves: Sequence[np.ndarray], eps: float
@@ -156,7 +147,7 @@ def _check(problem: _Problem, what: str, eps: float, atol: float, rtol: float, r
     wrt = problem.float_inputs
     if not wrt:
         raise InputError(f"jg.{what}: none of the inputs is a float array, so there is no gradient to check")
-    leaves, _, analytic = _analytic(problem, wrt)
+    leaves, analytic = _analytic(problem, wrt)
     numerical = _numerical(problem, wrt, leaves, eps)
     message = _mismatch(problem, wrt, leaves, analytic, numerical, atol, rtol)
     if message is None:
@@ -172,7 +163,7 @@ def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: f
     """True if `fn`'s analytic Jacobian (vjps through the compiled kernels) matches central finite
     differences for every float array input; else raise `GradcheckError` naming the input, output,
     element and both values (or return False with `raise_exception=False`). Use float64 inputs."""
-    problem, _ = _problem(fn, inputs, "gradcheck")
+    problem = _problem(fn, inputs, "gradcheck")
     _warn_precision(problem, "gradcheck")
     return _check(problem, "gradcheck", eps, atol, rtol, raise_exception)
 
@@ -183,7 +174,7 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
     """`gradcheck` one order higher: checks the function (inputs, grad_outputs) -> gradients of the float
     inputs, itself differentiated by jitgrad. `grad_outputs` (one per float output) default to seeded
     random values."""
-    first, _ = _problem(fn, inputs, "gradgradcheck")
+    first = _problem(fn, inputs, "gradgradcheck")
     _warn_precision(first, "gradgradcheck")
     leaves = first.outputs(first.arrays)
     float_outputs = [k for k, o in enumerate(leaves) if o.dtype.kind == "f"]
@@ -217,40 +208,3 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Any = None,
                       first.input_names + [f"grad_outputs[{i}]" for i in range(len(cotangents))],
                       [f"grad({first.input_names[j]})" for j in wrt])
     return _check(second, "gradgradcheck", eps, atol, rtol, raise_exception)
-
-
-def jacobian(fn: Callable[..., Any], argnums: int | Sequence[int] = 0) -> Callable[..., Any]:
-    """A function returning the full Jacobian of `fn` (a function of numpy arrays, or pytrees of them): per
-    output, an array of shape output.shape + input.shape (a tuple of them when `argnums` is a sequence; a tree
-    of them, in the argument's structure, for a pytree argument), in the input's dtype."""
-    numbers = [argnums] if isinstance(argnums, int) else list(argnums)
-
-    @api_boundary
-    def jacobian_fn(*args: Any) -> Any:
-        problem, slots = _problem(fn, args, "jacobian")
-        wrt, structures = [], []
-        for a in numbers:
-            mine = [k for k, (i, _) in enumerate(slots) if i == a % max(len(args), 1)]
-            if not -len(args) <= a < len(args) or not mine or \
-                    any(problem.arrays[k].dtype.kind != "f" for k in mine):
-                raise InputError(f"jg.jacobian: argument {a} is not a float numpy array (or a tree of them), so "
-                                 f"it has no Jacobian")
-            wrt.append(mine)
-            structures.append(trees.tree_structure(args[a]))
-        flat_wrt = [k for mine in wrt for k in mine]
-        leaves, tree, jac = _analytic(problem, flat_wrt)
-        per_output = []
-        for k, o in enumerate(leaves):
-            column = iter(range(len(flat_wrt)))
-            blocks = []
-            for mine, structure in zip(wrt, structures):
-                parts = []
-                for j in mine:
-                    c = next(column)
-                    parts.append(jac[k][c].astype(problem.arrays[j].dtype).reshape(o.shape + problem.arrays[j].shape))
-                blocks.append(trees.tree_unflatten(structure, parts))
-            per_output.append(blocks[0] if isinstance(argnums, int) else tuple(blocks))
-        return unflatten_output(tree, per_output)
-
-    jacobian_fn.__name__ = f"jacobian_{_name(fn)}"
-    return jacobian_fn

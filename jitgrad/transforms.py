@@ -21,12 +21,20 @@ from .tracebacks import api_boundary
 from .tracing import Tracer, current_builder
 
 
-def _tracing(args: Sequence[Any]) -> bool:
+def function_name(fn: Callable[..., Any]) -> str:
+    """`Sigmoid.apply` for a Function's apply, the function's name otherwise."""
+    owner = getattr(fn, "__self__", None)
+    name = getattr(fn, "__name__", "fn")
+    return f"{owner.__name__}.{name}" if isinstance(owner, type) else name
+
+
+def is_tracing(args: Sequence[Any]) -> bool:
+    """Is a transformation called inside an enclosing trace (a builder is active, or an argument is traced)?"""
     return current_builder() is not None or any(isinstance(leaf, Tracer) for leaf in trees.tree_leaves(args))
 
 
 @dataclass
-class _FlatArguments:
+class FlatArguments:
     """Arguments of a nested transformation, flattened: the leaves, their avals, each argument's structure."""
 
     leaves: list[Any]
@@ -34,7 +42,7 @@ class _FlatArguments:
     structures: list[trees.TreeDef]
 
     @classmethod
-    def of(cls, args: Sequence[Any], name: str) -> "_FlatArguments":
+    def of(cls, args: Sequence[Any], name: str) -> "FlatArguments":
         leaves, avals, structures = [], [], []
         for i, arg in enumerate(args):
             found, structure = trees.tree_flatten(arg)
@@ -64,14 +72,16 @@ class _FlatArguments:
         return [trees.tree_unflatten(self.structures[i], [grads.get(k) for k in ranges[i]]) for i in positions]
 
 
-def _trace_nested(fn: Callable[..., Any], flat: _FlatArguments) -> Trace:
+def trace_nested(fn: Callable[..., Any], flat: FlatArguments) -> Trace:
+    """Trace `fn` on the flattened arguments' avals (inside an enclosing trace, its values it reads are captured)."""
     def on_leaves(*leaves: Any) -> Any:
         return fn(*flat.rebuild(leaves))
 
     return trace_to_graph(on_leaves, flat.avals, reads_from=fn)
 
 
-def _positions(argnums: int | Sequence[int], nargs: int, name: str) -> list[int]:
+def argument_positions(argnums: int | Sequence[int], nargs: int, name: str) -> list[int]:
+    """`argnums` as non-negative positions, each checked against the number of arguments."""
     found = [argnums] if isinstance(argnums, int) else list(argnums)
     for a in found:
         if not -nargs <= int(a) < nargs:
@@ -83,8 +93,8 @@ def _traced_value_and_grad(fn: Callable[..., Any], args: Sequence[Any], argnums:
                            has_aux: bool) -> Any:
     """value_and_grad inside an enclosing trace: differentiate a subgraph and inline it."""
     name = getattr(fn, "__name__", "function")
-    flat = _FlatArguments.of(args, name)
-    traced = _trace_nested(fn, flat)
+    flat = FlatArguments.of(args, name)
+    traced = trace_nested(fn, flat)
     graph = traced.graph
     if has_aux and not trees.is_value_aux_pair(traced.tree):
         raise InputError(f"grad of {name} with has_aux=True needs a function returning (loss, aux) with one array "
@@ -92,7 +102,7 @@ def _traced_value_and_grad(fn: Callable[..., Any], args: Sequence[Any], argnums:
     if not programs.has_scalar_output(graph, has_aux):
         raise InputError(f"grad of {name} needs a float scalar output{' first' if has_aux else ''}, got "
                          f"{[str(o.aval) for o in graph.outputs]}")
-    positions = _positions(argnums, len(args), name)
+    positions = argument_positions(argnums, len(args), name)
     wrt = flat.float_leaves(positions)
     joint = joint_vjp_graph(graph, wrt, differentiated=1 if has_aux else None)
     outs = inline_graph(with_unit_cotangent(joint, len(graph.inputs)), flat.leaves + traced.outer)
@@ -111,7 +121,7 @@ def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0,
 
     @api_boundary
     def value_and_grad_fn(*args: Any) -> tuple[Any, Any]:
-        if _tracing(args):
+        if is_tracing(args):
             return _traced_value_and_grad(base, args, argnums, has_aux)
         if not compiled:
             compiled.append(Traced(base))
@@ -141,11 +151,11 @@ def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[..., tuple[An
     differentiable), each in its argument's structure; cotangents are one per output leaf, or one tree
     of the outputs' structure."""
     base = fn.fn if isinstance(fn, Traced) else fn
-    if not _tracing(args):
+    if not is_tracing(args):
         return Traced(base).vjp(*args)
     name = getattr(base, "__name__", "function")
-    flat = _FlatArguments.of(args, name)
-    traced = _trace_nested(base, flat)
+    flat = FlatArguments.of(args, name)
+    traced = trace_nested(base, flat)
     graph, captured = traced.graph, traced.outer
     wrt = flat.float_leaves(range(len(args)))
     joint = joint_vjp_graph(graph, wrt)
