@@ -86,14 +86,21 @@ class StructureGuard:
     keys: tuple | None  # a dict's keys in order
     members: tuple[tuple[Any, Any], ...]  # (index or key, the object held there)
     arrays: list = field(default_factory=list)
+    container: Any = None  # while the trace runs: the container itself, whose structure `settle` reads
 
     @classmethod
-    def of(cls, container: dict | list | tuple, path: ArrayPath, is_array: Callable[[Any], bool]) -> "StructureGuard":
-        """The structure `container` has now, reached through `path`."""
+    def of(cls, container: dict | list | tuple, path: ArrayPath) -> "StructureGuard":
+        """A guard of `container`, reached through `path`; its structure is read when the trace ends."""
+        return cls(path, type(container), 0, None, (), container=container)
+
+    def settle(self, is_array: Callable[[Any], bool]) -> None:
+        """Read the container's structure as the trace leaves it (the function may have appended to it while
+        it ran), then drop the reference to it."""
+        container, self.container = self.container, None
         items = container.items() if isinstance(container, dict) else enumerate(container)
-        members = tuple((k, v) for k, v in items if not (is_array(v) or isinstance(v, SCALARS + CONTAINERS)))
-        keys = tuple(container) if isinstance(container, dict) else None
-        return cls(path, type(container), len(container), keys, members)
+        self.members = tuple((k, v) for k, v in items if not (is_array(v) or isinstance(v, SCALARS + CONTAINERS)))
+        self.keys = tuple(container) if isinstance(container, dict) else None
+        self.length = len(container)
 
     def matters(self, used: set[int]) -> bool:
         """Does the trace depend on this structure: it was empty (what is added later must be seen), it

@@ -134,6 +134,8 @@ class Captures:
     def keep_structures(self, guards: dict[int, StructureGuard]) -> None:
         """Keep the guards of the containers this plan's trace depends on (`StructureGuard.matters`)."""
         used = {id(c) for c in self.inputs + self.constants}
+        for g in guards.values():
+            g.settle(_is_array)
         self.structures = [g for g in guards.values() if g.matters(used)]
 
 
@@ -257,7 +259,9 @@ class _Substitution:
 
     def _container(self, x: dict | list | tuple, path: ArrayPath, depth: int) -> Any:
         """Walk a dict, list or tuple under a guard of its structure; a tuple holding replacements is rebuilt."""
-        guard = self.guards.setdefault(id(x), StructureGuard.of(x, path, _is_array))
+        guard = self.guards.get(id(x))
+        if guard is None:
+            guard = self.guards[id(x)] = StructureGuard.of(x, path)
         self.open.append(guard)
         try:
             if isinstance(x, dict):

@@ -339,3 +339,21 @@ def test_an_interrupt_while_the_trace_puts_captured_arrays_back_still_puts_them_
     assert all(holder[k] is originals[k] for k in holder)
     f = jg.trace(lambda x: x * holder["a"])
     np.testing.assert_array_equal(f(np.full(2, 3.0)), [3.0, 3.0])
+
+
+def test_a_list_the_function_appends_to_while_it_is_traced_is_guarded_as_the_trace_left_it() -> None:
+    log: list = []
+    weights = [np.full(2, 2.0)]
+
+    def f(x):
+        log.append("traced")
+        weights.append(np.ones(2))  # grows during the trace: the structure checked is the one it leaves
+        return x * weights[0] + weights[-1]
+
+    traced = jg.trace(f)
+    for _ in range(3):
+        np.testing.assert_array_equal(traced(np.ones(2)), [3.0, 3.0])
+    assert log == ["traced"] and traced.cache_info()["misses"] == 1
+    weights.append(np.full(2, 5.0))
+    np.testing.assert_array_equal(traced(np.ones(2)), [3.0, 3.0])  # traced again, which appends once more
+    assert traced.cache_info()["misses"] == 2
