@@ -6,6 +6,8 @@ every weight. `run_section` (called by bench/run.py) measures, per model and siz
 
 - median and 99th-percentile ms per call, one call per sample, interleaved round-robin with
   bench/run.py's helpers, and each candidate's loss and gradients checked against eager PyTorch;
+  and, at the small size, the same row in the other modes (bench/variants.py): beside a busy
+  neighbour process, and in a child process that imports torch and jitgrad the other way round;
 - the cold first call of jitgrad and of torch.compile, each in a fresh process with empty caches;
 - the memory of one training step for jitgrad and eager PyTorch, in a fresh process;
 
@@ -17,13 +19,15 @@ The measurements that need a fresh process run this file as a child:
 
     python bench/models.py --child cold-jitgrad --model transformer --sizes small
 
-which prints one JSON line. bench/ must be importable (`workloads`, `run`): run.py and the child
-put it on sys.path, tests insert it.
+which prints one JSON line; it imports torch and jitgrad in the order JITGRAD_BENCH_IMPORT_ORDER
+names (torch-first if unset). bench/ must be importable (`workloads`, `run`, `variants`): it is on
+sys.path of run.py and of the child as the scripts' folder; tests insert it.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import json
 import math
@@ -36,10 +40,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 import run as runner
-import workloads as wl  # imports jitgrad before torch (OMP_WAIT_POLICY)
+import variants
+
+variants.import_first(variants.requested_order())  # torch or jitgrad before anything imports them
+
+import numpy as np
+import workloads as wl
 import jitgrad as jg
 import torch
 import torch.nn.functional as F
@@ -278,24 +285,35 @@ class TimingRow:
 
     model: str
     size: str
+    mode: str  # variants.mode_label: the process's import order, and whether a busy neighbour ran
     rounds: int
     cells: dict[str, Any]
     p99_ms: dict[str, float]
     background_s: float  # the wait after the first calls for jitgrad's background compiles, before any timing
 
+    @classmethod
+    def from_json(cls, found: dict[str, Any]) -> TimingRow:
+        """The row `dataclasses.asdict` gave (a child's JSON)."""
+        return cls(**{**found, "cells": {n: runner.Cell(**c) for n, c in found["cells"].items()}})
 
-def measure_model(model: Model, s: Size, cands: list[wl.Candidate], rounds: int) -> TimingRow:
-    """First calls, checks against eager PyTorch, then per-call samples interleaved round-robin."""
+
+def measure_model(model: Model, s: Size, cands: list[wl.Candidate], rounds: int, busy: bool = False) -> TimingRow:
+    """First calls, checks against eager PyTorch, then per-call samples interleaved round-robin; all of it
+    beside a busy neighbour (`variants.busy_neighbour`) if `busy`."""
     gc.collect()
     inputs = model.make_inputs(s, np.random.default_rng(0))
     cells = {c.name: runner.Cell() for c in cands}
-    runs, results = runner.first_calls(model, s, wl.VALUE_AND_GRAD, inputs, cands, cells)
-    runner.check_against_eager(model, wl.VALUE_AND_GRAD, results, cells)
-    del results
-    background = runner.settle_jitgrad(runs)  # quick kernels' full-level code, parallel variants: timed apart
-    done = runner.time_round_robin(runs, cells, rounds, sample_seconds=0.0, row_seconds=MODEL_ROW_SECONDS)
+    with variants.busy_neighbour(busy) as neighbour:
+        runs, results = runner.first_calls(model, s, wl.VALUE_AND_GRAD, inputs, cands, cells)
+        runner.check_against_eager(model, wl.VALUE_AND_GRAD, results, cells)
+        del results
+        background = runner.settle_jitgrad(runs)  # quick kernels' full-level code, parallel variants: timed apart
+        done = runner.time_round_robin(runs, cells, rounds, sample_seconds=0.0, row_seconds=MODEL_ROW_SECONDS)
+        if neighbour is not None and neighbour.poll() is not None:
+            raise RuntimeError(f"the busy neighbour of {model.name} {s.label} stopped (rc {neighbour.returncode})")
     p99 = {n: float(np.percentile(c.samples, 99)) * 1e3 for n, c in cells.items() if c.samples}
-    return TimingRow(model.name, s.label, done, cells, p99, background)
+    mode = variants.mode_label(variants.observed_order(), busy)
+    return TimingRow(model.name, s.label, mode, done, cells, p99, background)
 
 
 # ---------------------------------------------------------------- before numba: trace -> fuse
@@ -489,16 +507,29 @@ def child_mlp_steps(steps: int) -> dict[str, Any]:
             "slow_steps": int(np.sum(ms > 2 * median))}
 
 
+def child_timing(chosen: Sequence[Model], size_name: str, rounds: int, with_compile: bool) -> dict[str, Any]:
+    """`measure_model` of each model at one size, quiet and then beside a busy neighbour, as JSON rows."""
+    cands = candidates(with_compile)
+    rows = [measure_model(m, m.size(size_name), cands, rounds, busy) for m in chosen for busy in (False, True)]
+    return {"rows": [dataclasses.asdict(row) for row in rows]}
+
+
 def run_child(kind: str, extra: Sequence[str], threads: int, env: dict[str, str]) -> dict[str, Any]:
-    """Run `python bench/models.py --child kind ...` in a fresh process; its JSON, or {"error": ...}."""
+    """Run `python bench/models.py --child kind ...` in a fresh process; its JSON, or {"error": ...}. The child
+    imports torch and jitgrad in this process's order unless `env` sets variants.IMPORT_ORDER_ENV."""
     command = [sys.executable, os.path.abspath(__file__), "--child", kind, "--threads", str(threads), *extra]
+    env = {variants.IMPORT_ORDER_ENV: variants.requested_order(), **env}
     proc = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, timeout=1800)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         print(f"  child {kind} {' '.join(extra)} failed (rc {proc.returncode}): {tail[0]}", file=sys.stderr)
         return {"error": f"failed (rc {proc.returncode})"}
-    return json.loads(lines[-1])
+    found = json.loads(lines[-1])
+    imported = found.pop("import_order")
+    if imported != env[variants.IMPORT_ORDER_ENV]:
+        raise RuntimeError(f"child {kind} imported {imported}, not {env[variants.IMPORT_ORDER_ENV]}")
+    return found
 
 
 @dataclass
@@ -550,25 +581,48 @@ class ModelResults:
     seconds: float = 0.0
 
 
-def run_section(parts: Sequence[str], quick: bool, rounds: int | None, threads: int,
-                with_compile: bool) -> ModelResults:
-    """Measure the chosen parts (models, "rnn", "mlp"); quick: small sizes, QUICK_ROUNDS, T = 20 only."""
+def print_row(row: TimingRow) -> None:
+    """A progress line: each candidate's median and p99."""
+    print(f"{row.model} {row.size} [{row.mode}]: " + ", ".join(
+        f"{n} {c.failure or f'{c.median_ms:.3g} ms (p99 {row.p99_ms[n]:.3g})'}" for n, c in row.cells.items()),
+        flush=True)
+
+
+def other_order_rows(names: Sequence[str], rounds: int, threads: int, with_compile: bool) -> list[TimingRow]:
+    """The small rows of the models `names`, quiet and beside a busy neighbour, measured by a child process
+    that imports torch and jitgrad in the other order than this one."""
+    other = next(o for o in variants.IMPORT_ORDERS if o != variants.requested_order())
+    extra = ["--model", ",".join(names), "--sizes", "small", "--rounds", str(rounds)]
+    found = run_child("timing", extra + ([] if with_compile else ["--no-compile"]), threads,
+                      {variants.IMPORT_ORDER_ENV: other})
+    rows = [TimingRow.from_json(row) for row in found.get("rows", [])]
+    for row in rows:
+        print_row(row)
+    return rows
+
+
+def run_section(parts: Sequence[str], quick: bool, rounds: int | None, threads: int, with_compile: bool,
+                busy: bool = False, other_modes: bool = True) -> ModelResults:
+    """Measure the chosen parts (models, "rnn", "mlp"); quick: small sizes, QUICK_ROUNDS, T = 20 only. The model
+    rows run beside a busy neighbour if `busy`; `other_modes` adds each model's small row in the other three
+    modes: in this process with the other load, and in a child importing torch and jitgrad the other way round."""
     started = time.perf_counter()
     cands = candidates(with_compile)
     results = ModelResults(names=[c.name for c in cands])
     rounds = rounds or (QUICK_ROUNDS if quick else MODEL_ROUNDS)
     results.blas.append(blas_check(threads))
-    for name in (p for p in parts if p in MODELS):
+    chosen = [p for p in parts if p in MODELS]
+    for name in chosen:
         model = MODELS[name]
         sizes = model.sizes[:1] if quick else model.sizes
         results.cold[name] = (sizes[0].label, cold_start(model, sizes[0], threads, with_compile))
-        for s in sizes:
-            row = measure_model(model, s, cands, rounds)
-            results.timing.append(row)
-            print(f"{name} {s.label}: " + ", ".join(
-                f"{n} {c.failure or f'{c.median_ms:.3g} ms (p99 {row.p99_ms[n]:.3g})'}" for n, c in row.cells.items()),
-                flush=True)
+        loads = [(s, busy) for s in sizes] + ([(sizes[0], not busy)] if other_modes else [])
+        for s, busy_now in loads:
+            results.timing.append(measure_model(model, s, cands, rounds, busy_now))
+            print_row(results.timing[-1])
         results.memory[name] = memory(model, sizes, threads)
+    if other_modes and chosen:
+        results.timing += other_order_rows(chosen, rounds, threads, with_compile)
     if "rnn" in parts:
         results.rnn = rnn_pipeline(RNN_STEPS[:1] if quick else RNN_STEPS)
     if "mlp" in parts:
@@ -589,16 +643,16 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def timing_table(results: ModelResults) -> tuple[list[str], list[list[str]]]:
-    """Medians, p99s, in-process first calls, ratios to jitgrad and the check, one line per model and size."""
+    """Medians, p99s, in-process first calls, ratios to jitgrad and the check, one line per model, size and mode."""
     names = results.names
-    header = ["model", "size", "reps"]
+    header = ["model", "size", "mode", "reps"]
     for n in names:
         header += [f"{n} ms", f"{n} p99"] + ([f"{n} 1st s"] if n != "eager" else [])
         header += ["jitgrad background s"] if n == "jitgrad" else []
     header += [f"{n}/jitgrad" for n in names if n != "jitgrad"] + ["check"]
     body = []
-    for row in results.timing:
-        line = [row.model, row.size, str(row.rounds)]
+    for row in sorted(results.timing, key=lambda r: list(MODELS).index(r.model)):
+        line = [row.model, row.size, row.mode, str(row.rounds)]
         for n in names:
             cell = row.cells[n]
             line += [cell.failure or runner.format_ms(cell.median_ms), runner.format_ms(row.p99_ms.get(n))]
@@ -689,7 +743,10 @@ def render(results: ModelResults, table: Callable[[list[str], list[list[str]]], 
                   "compiles the first calls left (the full-level code of quick kernels that ran again, parallel "
                   "variants a new size may need), before the timed rounds; while they "
                   "compile, jitgrad's calls share the cores and the GIL with the compiler and run several times "
-                  "slower; X/jitgrad = X's median over jitgrad's; check against eager PyTorch as above.", "",
+                  "slower; X/jitgrad = X's median over jitgrad's; check against eager PyTorch as above; mode = "
+                  "which of torch and jitgrad the process imported first (torch-first as users write it; "
+                  "jitgrad-first rows come from a child process of this run, with its own first calls) and, with "
+                  "', busy', a `python -c` loop spinning on one core beside the whole row.", "",
                   "Models (float32, value-and-grad wrt every weight):",
                   *[f"- {m.name}: {m.title}" for m in MODELS.values() if m.name in {r.model for r in results.timing}],
                   ""]
@@ -720,14 +777,18 @@ def render(results: ModelResults, table: Callable[[list[str], list[list[str]]], 
 def child_main(argv: list[str] | None = None) -> int:
     """One fresh-process measurement (see the module docstring); prints its JSON on the last line."""
     parser = argparse.ArgumentParser(description="a fresh-process measurement of bench/models.py")
-    parser.add_argument("--child", required=True, choices=("cold-jitgrad", "cold-compile", "memory", "mlp-steps"))
-    parser.add_argument("--model", choices=tuple(MODELS))
-    parser.add_argument("--sizes", default="small", help="comma-separated size names")
+    parser.add_argument("--child", required=True,
+                        choices=("cold-jitgrad", "cold-compile", "memory", "mlp-steps", "timing"))
+    parser.add_argument("--model", default="", help="a model name (timing: comma-separated names)")
+    parser.add_argument("--sizes", default="small", help="comma-separated size names (timing: one)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=MLP_STEPS)
+    parser.add_argument("--rounds", type=int, default=MODEL_ROUNDS)
+    parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args(argv)
     wl.configure_threads(args.threads)
-    model = MODELS.get(args.model or "")
+    chosen = [MODELS[n] for n in args.model.split(",") if n]
+    model = chosen[0] if chosen else None
     sizes = [model.size(n) for n in args.sizes.split(",")] if model else []
     if args.child == "cold-jitgrad":
         out = child_cold_jitgrad(model, sizes[0])
@@ -735,9 +796,11 @@ def child_main(argv: list[str] | None = None) -> int:
         out = child_cold_compile(model, sizes[0])
     elif args.child == "memory":
         out = child_memory(model, sizes)
+    elif args.child == "timing":
+        out = child_timing(chosen, args.sizes, args.rounds, not args.no_compile)
     else:
         out = child_mlp_steps(args.steps)
-    print(json.dumps(out))
+    print(json.dumps({**out, "import_order": variants.observed_order()}))
     return 0
 
 

@@ -2,6 +2,7 @@
 
     python bench/run.py [--quick] [--workload W1,W2] [--repeats N] [--no-compile] [--markdown PATH]
                         [--models transformer,lstm,conv,rnn,mlp] [--no-models] [--no-workloads]
+                        [--import-order torch-first|jitgrad-first] [--busy] [--no-other-modes]
 
 All candidates run in one process with the same threads, interleaved round-robin (the order
 rotates every round) so load from elsewhere hits them alike. Each row reports median ms per
@@ -10,6 +11,15 @@ torch.compile (trace + compile, excluded from the medians), and a check of every
 value and gradients against eager PyTorch. Then the model section (bench/models.py): a transformer
 block, an LSTM and a conv net, with 99th percentiles, cold starts in fresh processes and the memory of
 one step, and two structural measurements (an unrolled RNN's trace-to-fuse time, 1000 MLP steps).
+
+The process imports torch before jitgrad, as users write it (`--import-order torch-first`, the
+default), or jitgrad first (`jitgrad-first`: jitgrad's OMP_WAIT_POLICY=PASSIVE then reaches torch's
+OpenMP runtime too); its child processes import them in the same order. The model rows run on a quiet
+machine, or with `--busy` beside a `python -c` loop spinning on one core (bench/variants.py). Unless
+`--no-other-modes`, each model's small row is also measured in the other three modes (import order
+x busy), with as many rounds: the other load in this process, the other import order in a child
+process. So the default `python bench/run.py` runs W1-W4 and the model section torch-first on a quiet
+machine, plus the small model rows torch-first busy, jitgrad-first quiet and jitgrad-first busy.
 
 Compile times are cold by default: jitgrad gets a fresh kernel cache directory and inductor's
 caches are disabled; `--warm-caches` uses the persistent caches instead. This module sets those
@@ -31,6 +41,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import variants
 
 OPENBLAS_HINTS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SAMPLE_SECONDS = 0.05      # one timed sample runs a candidate this long (several calls when they are short)
@@ -81,6 +93,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "default: all")
     parser.add_argument("--no-models", action="store_true", help="skip the model section")
     parser.add_argument("--no-workloads", action="store_true", help="skip the W1-W4 workloads (models only)")
+    parser.add_argument("--import-order", choices=variants.IMPORT_ORDERS, default=variants.IMPORT_ORDERS[0],
+                        help="import torch or jitgrad first in this process and its children (default torch-first, "
+                             "as users write it)")
+    parser.add_argument("--busy", action="store_true",
+                        help="run the model rows beside a process spinning on one core (a busy neighbour)")
+    parser.add_argument("--no-other-modes", action="store_true",
+                        help="skip the small model rows in the other import order and the other load")
     return parser.parse_args(argv)
 
 
@@ -88,6 +107,7 @@ def prepare_environment(args: argparse.Namespace) -> list[str]:
     """Set the process environment before numpy/torch load; returns notes saying what was done.
     Without --warm-caches, JITGRAD_CACHE_DIR is a fresh temporary directory that `main` removes."""
     notes = []
+    os.environ[variants.IMPORT_ORDER_ENV] = args.import_order
     hints = {k: os.environ[k] for k in OPENBLAS_HINTS if k in os.environ}
     if not hints:
         notes.append(f"{' and '.join(OPENBLAS_HINTS)}: not set")
@@ -329,7 +349,9 @@ def machine(notes: list[str], threads: int, load_at_start: tuple[float, float, f
         f"llvmlite {llvmlite.__version__}, torch {torch.__version__}, jitgrad {jitgrad.__version__}",
         f"threads: {threads} per candidate; numba threading layer {layer} ({numba.get_num_threads()} threads); "
         f"torch {torch.get_num_threads()} threads, ATen backend {aten[0] if aten else '?'}",
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}",
+        f"import order: {variants.observed_order()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+        + (" (set by jitgrad's import, after torch's OpenMP runtime started)"
+           if variants.observed_order() == "torch-first" else ""),
         "OpenBLAS loaded (numpy's, and scipy's if imported): " + ("; ".join(wl.openblas_info()) or "none"),
         "OPENBLAS_* hints: " + notes[0],
         *notes[1:],
@@ -363,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_benchmark(args: argparse.Namespace, argv: list[str] | None, notes: list[str]) -> int:
     """Measure the chosen workloads, print the table and machine, and write the markdown if asked."""
     load_at_start = os.getloadavg()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    variants.import_first(args.import_order)
     import models
     import workloads as wl
 
@@ -394,7 +416,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None, notes: list[
                 print(f"{row.workload} {row.size} {row.mode}: " + ", ".join(
                     f"{n} {c.failure or format_ms(c.median_ms) + ' ms'}" for n, c in row.cells.items())
                     + f"  [{check_mark(row)}]", flush=True)
-    section = models.run_section(parts, args.quick, args.repeats, args.threads, not args.no_compile) if parts else None
+    section = (models.run_section(parts, args.quick, args.repeats, args.threads, not args.no_compile, args.busy,
+                                  not args.no_other_modes) if parts else None)
     elapsed = time.perf_counter() - started
     header, body = table(rows, names)
     command = " ".join(["python bench/run.py", *(sys.argv[1:] if argv is None else argv)])

@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-# jitgrad first: it sets OMP_WAIT_POLICY=PASSIVE before any OpenMP runtime (numba's, torch's) starts.
+# bench/run.py and bench/models.py import torch or jitgrad before this module, in the order --import-order
+# chose (bench/variants.py); imported alone (the tests), jitgrad comes first.
 import jitgrad as jg
 import torch
 

@@ -51,3 +51,31 @@ def test_step_memory_sees_an_allocation() -> None:
     megabytes = 16
     found = models.step_memory(lambda: np.ones(megabytes * 2 ** 20 // 8))
     assert found >= 0.9 * megabytes * 2 ** 20
+
+
+def test_busy_neighbour_spins_and_is_killed_on_the_way_out() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        with models.variants.busy_neighbour() as neighbour:
+            assert neighbour.poll() is None
+            raise KeyboardInterrupt
+    assert neighbour.poll() is not None
+    with models.variants.busy_neighbour(False) as nothing:
+        assert nothing is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", models.variants.IMPORT_ORDERS)
+def test_timing_child_imports_in_the_order_it_is_given(order, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path))
+    found = models.run_child("timing", ["--model", "lstm", "--sizes", "tiny", "--rounds", "3", "--no-compile"], 1,
+                             {models.variants.IMPORT_ORDER_ENV: order})
+    rows = [models.TimingRow.from_json(row) for row in found["rows"]]
+    assert [r.mode for r in rows] == [order, f"{order}, busy"]
+    assert all(r.rounds == 3 and len(r.cells["jitgrad"].samples) == 3 for r in rows)
+    assert rows[0].cells["jitgrad"].error <= 1e-4
+
+
+def test_the_runner_measures_torch_first_with_the_other_modes_by_default() -> None:
+    args = models.runner.parse_args([])
+    assert (args.import_order, args.busy, args.no_other_modes) == ("torch-first", False, False)
+    assert models.runner.parse_args(["--import-order", "jitgrad-first"]).import_order == "jitgrad-first"
