@@ -25,3 +25,24 @@ def test_import_chooses_passive_waiting_when_unset() -> None:
 @pytest.mark.parametrize("value", ["ACTIVE", "active", ""])
 def test_an_explicit_value_is_respected(value) -> None:
     assert policy_after_import(value) == value
+
+
+def import_warnings(first: str, env_value: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if env_value is not None:
+        env["OMP_WAIT_POLICY"] = env_value
+    second = "jitgrad" if first == "torch" else "torch"
+    run = subprocess.run([sys.executable, "-W", "always", "-c", f"import {first}; import {second}"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stderr
+
+
+def test_torch_imported_first_without_a_wait_policy_gets_one_warning_saying_what_to_set() -> None:
+    text = import_warnings("torch", None)
+    assert text.count("ThreadsWarning") == 1 and "OMP_WAIT_POLICY=PASSIVE" in text
+
+
+@pytest.mark.parametrize("first, value", [("jitgrad", None), ("torch", "PASSIVE"), ("torch", "ACTIVE")])
+def test_no_warning_where_the_policy_was_chosen_or_jitgrad_came_first(first, value) -> None:
+    assert "ThreadsWarning" not in import_warnings(first, value)
