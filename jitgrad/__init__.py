@@ -15,13 +15,11 @@ from importlib import util as _util
 
 def _kernels_of_a_clone() -> None:
     """`jitgrad.kernels` is the top-level kernels/ folder (pyproject's package-dir). Installed, it is a folder
-    of the package; in a clone's root, whose jitgrad/ comes first on sys.path even where jitgrad is
-    installed, it is loaded from the clone's kernels/ beside jitgrad/."""
+    of the package; run from a clone (its jitgrad/ first on sys.path, even where jitgrad or another clone is
+    installed), it is that clone's kernels/ beside jitgrad/, never another copy's."""
     here = _os.path.dirname(_os.path.abspath(__file__))
     beside = _os.path.join(_os.path.dirname(here), "kernels")
     if _os.path.isdir(_os.path.join(here, "kernels")) or not _os.path.isfile(_os.path.join(beside, "__init__.py")):
-        return
-    if _util.find_spec("jitgrad.kernels") is not None:  # an editable install's finder maps it
         return
     spec = _util.spec_from_file_location("jitgrad.kernels", _os.path.join(beside, "__init__.py"),
                                          submodule_search_locations=[beside])
