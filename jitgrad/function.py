@@ -185,8 +185,9 @@ def _backward_reads(call: FunctionCall, builder: Builder) -> list[CapturedTracer
     """The arrays from outside the arguments that the user's backward reads, found by tracing it once per
     cotangent pattern on stand-ins while the forward's trace (and its captures) is open. They become inputs
     of the equation, so backward, run again when the plan is differentiated, reads them at every call."""
-    body, n = call.body, call.n_outputs
-    avals = [o.aval for o in body.outputs]
+    if builder.capture_root() is None:  # a trace that captures nothing (an autodiff replay): nothing to find
+        return []
+    n, avals = call.n_outputs, [o.aval for o in call.body.outputs]
     found: dict[int, CapturedTracer] = {}
     for pattern in _cotangent_patterns(call):
         def probe(*values: Any, pattern: tuple[bool, ...] = pattern) -> list[Any]:
