@@ -67,6 +67,7 @@ from .trees import (register_dataclass, register_pytree_node, tree_flatten, tree
 from .function import Function, FunctionCtx  # noqa: E402
 from .gradcheck import gradcheck, gradgradcheck  # noqa: E402
 from .forward import float0, hessian, jacfwd, jacobian, jacrev, jvp, linearize  # noqa: E402
+from .batching import vmap  # noqa: E402
 from . import optim  # noqa: E402  (jg.optim.SGD, Adam, AdamW)
 
 globals().update(_EXPORTS)  # jg.<op> for every op the modules of jitgrad.ops declare (jg.sum, jg.gelu, ...)
@@ -74,7 +75,7 @@ __version__ = "0.1.0"
 __all__ = ["ArgumentError", "Context", "Traced", "clear_caches", "grad", "trace", "value_and_grad", "vjp",
            "ConcretizationError", "FunctionError", "GradcheckError", "InputError", "JitgradError", "PrecisionWarning", "ThreadsWarning",
            "ShapeError", "TraceError", "UnsupportedError", "no_grad", "Function", "FunctionCtx", "gradcheck",
-           "gradgradcheck", "jacobian", "jacfwd", "jacrev", "hessian", "jvp", "linearize", "float0",
+           "gradgradcheck", "jacobian", "jacfwd", "jacrev", "hessian", "jvp", "linearize", "float0", "vmap",
            "register_dataclass", "register_pytree_node", "tree_flatten", "tree_leaves",
            "tree_map", "tree_structure", "tree_unflatten", "optim"]
 __all__.extend(sorted(_EXPORTS))

@@ -148,6 +148,10 @@ class Primitive:
     fresh_output: bool = False  # a host op whose result is always a new array (never a view of an input)
     takes_out: bool = False  # a fresh host op whose `impl` writes into `out=` with the same bits (pooled buffers)
     contiguous_operands: tuple[int, ...] = ()  # host op operands it reads faster contiguous (`blas_operands`)
+    # vmap's batching rule, `batch(b, e, args, dims) -> (outs, out_dims)`: `e` recorded again on `args`, whose
+    # batch axes (of length `b.size`) are at `dims` (None: not batched); `b.move(x, d, to)` moves x's batch axis d
+    # to `to` (broadcasting one where d is None). None: vmap refuses the op (`jitgrad.batching`).
+    batch: Callable[..., tuple[list[Any], list[int | None]]] | None = None
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -196,10 +200,19 @@ def declare(prim: Primitive) -> Primitive:
     return prim
 
 
+def batch_elementwise(b: Any, e: Eqn, args: Sequence[Any], dims: Sequence[int | None]
+                      ) -> tuple[list[Any], list[int | None]]:
+    """The batching rule of every elementwise primitive (operands of one shape): each operand's batch axis at the
+    first batched operand's position (broadcast where an operand is not batched), the same parameters."""
+    d = next(d for d in dims if d is not None)
+    outs = e.prim.replay([b.move(x, dx, d) for x, dx in zip(args, dims)], e, b.bind)
+    return outs, [d] * len(outs)
+
+
 def _same_aval(avals: Sequence[Aval], **_: Any) -> Aval:
     return avals[0]
 
 
 stop_gradient_p = declare(Primitive(
     "stop_gradient", Kind.ELEMENTWISE, _same_aval, lambda x: np.array(x, copy=True),
-    lambda cts, ins, outs: [None], lowerings("{0}")))
+    lambda cts, ins, outs: [None], lowerings("{0}"), batch=batch_elementwise))

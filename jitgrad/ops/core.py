@@ -13,7 +13,7 @@ from .. import lax as L
 from ..dispatch import implements
 from ..errors import PrecisionWarning, ShapeError, UnsupportedError
 from ..ir import Atom, Aval, Eqn
-from ..primitive import Kind, Lowering, Primitive, declare, lowerings
+from ..primitive import Kind, Lowering, Primitive, batch_elementwise, declare, lowerings
 from ..tracing import Tracer, bind, builder_aval, constant_of, user_source, where_text
 
 ArrayLike = Any
@@ -45,7 +45,7 @@ def elementwise_primitive(name: str, impl: Callable[..., Any], vjp: Callable[...
     """Declare an elementwise primitive; `vjp(g, *inputs, out)` returns one cotangent per input (None: zero)."""
     rule_fn = None if vjp is None else (lambda cts, ins, outs, **params: list(_as_tuple(vjp(cts[0], *ins, outs[0]))))
     return declare(Primitive(name, Kind.ELEMENTWISE, rule, impl, rule_fn, lowering, costly=costly,
-                             simplify=simplify, backward_label=backward_label))
+                             simplify=simplify, backward_label=backward_label, batch=batch_elementwise))
 
 
 def _as_tuple(x: Any) -> tuple:
@@ -210,7 +210,7 @@ def _unchanged(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | None:
 
 
 convert_p = declare(Primitive("convert", Kind.ELEMENTWISE, _convert_rule, _convert_impl, _convert_vjp,
-                              lowerings("{cast}({0})"), simplify=_unchanged))
+                              lowerings("{cast}({0})"), simplify=_unchanged, batch=batch_elementwise))
 
 
 def convert(x: ArrayLike, dtype: Any, weak: bool = False) -> ArrayLike:
@@ -235,7 +235,47 @@ def _check_int_range_impl(x: Any, *, dtype: np.dtype) -> Any:
     return x
 
 
-check_int_range_p = declare(Primitive("check_int_range", Kind.HOST, same_aval, _check_int_range_impl))
+check_int_range_p = declare(Primitive("check_int_range", Kind.HOST, same_aval, _check_int_range_impl,
+                                     batch=batch_elementwise))
+
+
+# ---------------------------------------------------------------------- batching rules of whole families (vmap)
+
+def batch_leading(b: Any, e: Eqn, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """Ops over trailing axes that take leading batch axes as they are (LAPACK): every operand batched at 0."""
+    outs = e.prim.replay([b.move(x, d, 0) for x, d in zip(args, dims)], e, b.bind)
+    return outs, [0] * len(outs)
+
+
+def batch_along_axis(b: Any, e: Eqn, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """Ops along one `axis` parameter (scans, sorts, concatenate, argmax): every operand batched at 0, the axis
+    moved by one."""
+    ins = [b.move(x, d, 0) for x, d in zip(args, dims)]
+    params = dict(e.params, axis=e.params["axis"] % (aval_of(ins[0]).ndim - 1) + 1)
+    return batch_rebound(b, e, ins, params)
+
+
+def batch_rebound(b: Any, e: Eqn, ins: Sequence[Any], params: dict[str, Any], dim: int = 0
+                  ) -> tuple[list[Any], list[int]]:
+    """`e`'s primitive bound again on batched `ins` with `params`, every output batched at `dim`."""
+    res = b.bind(e.prim, *ins, label=e.label, **params)
+    outs = res if isinstance(res, list) else [res]
+    return outs, [dim] * len(outs)
+
+
+def _batch_broadcast(b: Any, e: Eqn, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    shape, x = e.params["shape"], b.move(args[0], dims[0], 0)
+    src = aval_of(x).shape[1:]
+    x = L.reshape(x, (b.size,) + (1,) * (len(shape) - len(src)) + src)
+    return [L.broadcast_to(x, (b.size,) + shape)], [0]
+
+
+def _batch_reshape(b: Any, e: Eqn, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    return [L.reshape(b.move(args[0], dims[0], 0), (b.size,) + e.params["shape"])], [0]
+
+
+def _batch_transpose(b: Any, e: Eqn, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    return [L.transpose(b.move(args[0], dims[0], 0), (0,) + tuple(p + 1 for p in e.params["perm"]))], [0]
 
 
 # ---------------------------------------------------------------------- views
@@ -268,7 +308,7 @@ def _compose_or_unchanged(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eq
 
 broadcast_to_p = declare(Primitive("broadcast_to", Kind.VIEW, _broadcast_rule, lambda x, *, shape: np.broadcast_to(
     x, shape), _broadcast_vjp, index_map=_broadcast_index, simplify=_compose_or_unchanged,
-    backward_label="ExpandBackward"))
+    backward_label="ExpandBackward", batch=_batch_broadcast))
 
 
 def _reshape_index(e: Eqn, index: tuple) -> tuple | None:
@@ -282,7 +322,7 @@ def _reshape_index(e: Eqn, index: tuple) -> tuple | None:
 reshape_p = declare(Primitive(
     "reshape", Kind.VIEW, _broadcast_rule, lambda x, *, shape: np.asarray(x).reshape(shape),
     lambda cts, ins, outs, *, shape: [L.reshape(cts[0], ins[0].shape)], index_map=_reshape_index,
-    simplify=_compose_or_unchanged, backward_label="ViewBackward"))
+    simplify=_compose_or_unchanged, backward_label="ViewBackward", batch=_batch_reshape))
 
 
 def _transpose_rule(avals: Sequence[Aval], *, perm: tuple[int, ...]) -> Aval:
@@ -313,7 +353,7 @@ def _transpose_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eqn 
 transpose_p = declare(Primitive(
     "transpose", Kind.VIEW, _transpose_rule, lambda x, *, perm: np.transpose(x, perm),
     lambda cts, ins, outs, *, perm: [L.transpose(cts[0], tuple(np.argsort(perm)))], index_map=_transpose_index,
-    simplify=_transpose_simplify, backward_label="PermuteBackward"))
+    simplify=_transpose_simplify, backward_label="PermuteBackward", batch=_batch_transpose))
 
 
 @implements(np.broadcast_to)

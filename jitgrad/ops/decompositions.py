@@ -24,7 +24,7 @@ from ..errors import ArgumentError, ShapeError, UnsupportedError
 from ..ir import Aval, Eqn
 from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, constant_of, user_source, where_text
-from .core import ArrayLike, aval_of, broadcast_to, check_computable, convert, normalize_axes
+from .core import ArrayLike, aval_of, batch_leading, broadcast_to, check_computable, convert, normalize_axes
 from .elementwise import absolute, equal, multiply, not_equal, power, where
 from .shapes import moveaxis, reshape
 from .reductions import _sqrt_zero_grad, max, min, sum
@@ -60,7 +60,7 @@ def _lapack(fn: Callable[..., Any], hint: str) -> Callable[..., Any]:
 
 def _declare(name: str, rule: Callable[..., Aval], fn: Callable[..., Any], vjp: Any, hint: str = "") -> Primitive:
     """Declare a host primitive running `fn`; `hint` says what to do when LAPACK refuses a matrix."""
-    return declare(_Lapack(name, Kind.HOST, rule, _lapack(fn, hint), vjp))
+    return declare(_Lapack(name, Kind.HOST, rule, _lapack(fn, hint), vjp, batch=batch_leading))
 
 
 def _grad_site(site: str) -> str:

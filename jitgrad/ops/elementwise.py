@@ -17,7 +17,7 @@ from .. import lax as L
 from ..dispatch import export, implements, register_method
 from ..errors import UnsupportedError
 from ..ir import Atom, Aval, Eqn
-from ..primitive import Kind, Primitive, declare, lowerings, stop_gradient_p
+from ..primitive import Kind, Primitive, batch_elementwise, declare, lowerings, stop_gradient_p
 from ..tracing import Tracer, bind, where_text
 from .core import (VECMATH, ArrayLike, aval_of, bool_aval, broadcast_shapes, broadcast_to, check_computable,
                    compare, convert, elementwise, elementwise_primitive, result_type, ufunc_binding)
@@ -409,7 +409,7 @@ def _where_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | None:
 where_p = declare(Primitive(
     "where", Kind.ELEMENTWISE, _where_rule, np.where,
     lambda cts, ins, outs: [None, L.select(ins[0], cts[0], 0), L.select(ins[0], 0, cts[0])],
-    lowerings("({1} if {0} else {2})"), simplify=_where_simplify))
+    lowerings("({1} if {0} else {2})"), simplify=_where_simplify, batch=batch_elementwise))
 
 
 @implements(np.where, signature="(condition, x=NO_VALUE, y=NO_VALUE, /)")

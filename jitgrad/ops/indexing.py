@@ -77,10 +77,45 @@ def _scatter_add_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]
     return [L.gather(cts[0], indices)] + [None] * len(indices)
 
 
+def _batch_indices(b: Any, indices: Sequence[Any], dims: Sequence[Any], lead: bool) -> list[Any]:
+    """The index arrays batched at 0 (broadcast where not batched), after, with `lead`, an index reading the
+    batch axis of the indexed array at each batch position."""
+    found = [b.move(i, d, 0) for i, d in zip(indices, dims)]
+    if not lead:
+        return found
+    shape = aval_of(found[0]).shape
+    iota = np.arange(b.size, dtype=np.int64).reshape((b.size,) + (1,) * (len(shape) - 1))
+    return [L.broadcast_to(iota, shape)] + found
+
+
+def _batch_gather(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    (x, *indices), (dx, *di) = args, dims
+    x = x if dx is None else b.move(x, dx, 0)
+    return [L.gather(x, _batch_indices(b, indices, di, dx is not None))], [0]
+
+
+def _batch_scatter_add(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    (g, *indices), (dg, *di) = args, dims
+    found = _batch_indices(b, indices, di, True)
+    return [L.scatter_add(b.move(g, dg, 0), found, (b.size,) + e.params["shape"])], [0]
+
+
+def _batch_flat_write(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """add_at and put write a flat array at flat positions: the batch is one flat array of B rows, each row's
+    positions moved by its offset."""
+    a, values, positions = (b.move(x, d, 0) for x, d in zip(args, dims))
+    (rows, n), shape = aval_of(a).shape, aval_of(positions).shape
+    offsets = (np.arange(rows) * n).astype(aval_of(positions).dtype).reshape(rows, 1)
+    moved = L.add(positions, L.broadcast_to(offsets, shape))
+    flat = [L.reshape(v, (aval_of(v).size,)) for v in (a, values, moved)]
+    out = bind(e.prim, *flat)
+    return [L.reshape(out, (rows, n))], [0]
+
+
 gather_p = declare(Primitive("gather", Kind.HOST, _gather_rule, _gather_impl, _gather_vjp,
-                             backward_label="IndexBackward"))
+                             backward_label="IndexBackward", batch=_batch_gather))
 scatter_add_p = declare(Primitive("scatter_add", Kind.HOST, _scatter_add_rule, _scatter_add_impl, _scatter_add_vjp,
-                                  backward_label="IndexPutBackward"))
+                                  backward_label="IndexPutBackward", batch=_batch_scatter_add))
 
 
 @implements(np.repeat, method="repeat")
@@ -337,9 +372,9 @@ def _put_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> lis
 
 
 add_at_p = declare(Primitive("add_at", Kind.HOST, lambda avals: avals[0], _add_at_impl, _add_at_vjp,
-                             backward_label="IndexAddBackward"))
+                             backward_label="IndexAddBackward", batch=_batch_flat_write))
 put_p = declare(Primitive("put", Kind.HOST, lambda avals: avals[0], _put_impl, _put_vjp,
-                          backward_label="IndexPutBackward"))
+                          backward_label="IndexPutBackward", batch=_batch_flat_write))
 
 
 def _positions(shape: tuple[int, ...], read: Any) -> ArrayLike:

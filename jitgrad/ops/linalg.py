@@ -12,7 +12,8 @@ from ..errors import ShapeError, UnsupportedError
 from ..ir import Aval
 from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, where_text
-from .core import ArrayLike, aval_of, broadcast_to, check_computable, convert, normalize_axes, result_type
+from .core import (ArrayLike, aval_of, batch_leading, broadcast_to, check_computable, convert, normalize_axes,
+                   result_type)
 from .elementwise import multiply
 from .shapes import diagonal, reshape, transpose
 from .reductions import sum
@@ -30,8 +31,28 @@ def _matmul_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> 
     return [L.matmul(g, L.swap_last(b)), L.matmul(L.swap_last(a), g)]
 
 
+def _batch_matmul(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """Both operands batched: a batched product. One batched: its batch axis joins the rows of the left operand
+    (the columns of the right one), so a batch of products with one shared matrix is one larger product."""
+    (x, y), (dx, dy) = args, dims
+    if dx is not None and dy is not None:
+        return batch_leading(b, e, args, dims)
+    if dy is None:  # (..., B, M, K) as (..., B*M, K)
+        n = aval_of(x).ndim
+        x = b.move(x, dx, n - 3)
+        s = aval_of(x).shape
+        out = L.matmul(L.reshape(x, s[:-3] + (s[-3] * s[-2], s[-1])), y)
+        return [L.reshape(out, s[:-1] + (aval_of(y).shape[-1],))], [n - 3]
+    n = aval_of(y).ndim  # (..., K, B, N) as (..., K, B*N)
+    y = b.move(y, dy, n - 2)
+    s = aval_of(y).shape
+    out = L.matmul(x, L.reshape(y, s[:-2] + (s[-2] * s[-1],)))
+    return [L.reshape(out, aval_of(x).shape[:-1] + s[-2:])], [n - 2]
+
+
 matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward",
-                             fresh_output=True, takes_out=True, contiguous_operands=(1,)))  # BLAS between kernels
+                             fresh_output=True, takes_out=True, contiguous_operands=(1,),  # BLAS between kernels
+                             batch=_batch_matmul))
 
 
 @implements(np.matmul)

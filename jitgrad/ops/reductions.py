@@ -14,7 +14,8 @@ from ..errors import ArgumentError, ShapeError, UnsupportedError
 from ..ir import Aval
 from ..primitive import Kind, Lowering, Primitive, Reduction, declare
 from ..tracing import bind, where_text
-from .core import ArrayLike, _unchanged, aval_of, broadcast_to, convert, normalize_axes
+from .core import (ArrayLike, _unchanged, aval_of, batch_along_axis, batch_rebound, broadcast_to, convert,
+                   normalize_axes)
 from .elementwise import (add, divide, equal, exp, isfinite, log, maximum, minimum, multiply, sqrt,
                           stop_gradient, subtract, where)
 from .shapes import ravel, reshape
@@ -68,9 +69,15 @@ def _highest(dtype: np.dtype) -> Any:
     return math.inf if dtype.kind == "f" else (True if dtype == np.bool_ else int(np.iinfo(dtype).max))
 
 
+def _batch_reduce(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """The batch axis stays where it is; the reduced axes after it move by one."""
+    d = dims[0]
+    return batch_rebound(b, e, args, {"axes": tuple(a + (a >= d) for a in e.params["axes"])}, d)
+
+
 def _reduction(name: str, fn: Any, vjp: Any, how: Reduction, label: str) -> Primitive:
     return declare(Primitive(name, Kind.REDUCE, _reduce_rule, _reduce_impl(fn), vjp, reduction=how,
-                             simplify=_unchanged, backward_label=label))
+                             simplify=_unchanged, backward_label=label, batch=_batch_reduce))
 
 
 # Float sums add in fixed-order blocks, float32 ones in float64 across blocks; max/min vectorise through LLVM's
@@ -245,9 +252,11 @@ def _arg_rule(avals: Sequence[Aval], *, axis: int) -> Aval:
 
 
 argmax_p = declare(Primitive("argmax", Kind.HOST, _arg_rule,
-                             lambda x, *, axis: np.argmax(x, axis=axis, keepdims=True).astype(np.int64)))
+                             lambda x, *, axis: np.argmax(x, axis=axis, keepdims=True).astype(np.int64),
+                             batch=batch_along_axis))
 argmin_p = declare(Primitive("argmin", Kind.HOST, _arg_rule,
-                             lambda x, *, axis: np.argmin(x, axis=axis, keepdims=True).astype(np.int64)))
+                             lambda x, *, axis: np.argmin(x, axis=axis, keepdims=True).astype(np.int64),
+                             batch=batch_along_axis))
 
 
 def _arg_extremum(prim: Primitive, op: str, a: ArrayLike, axis: Any, keepdims: Any) -> ArrayLike:

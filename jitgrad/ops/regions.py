@@ -11,7 +11,7 @@ import numpy as np
 from .. import lax as L
 from ..ir import Aval
 from ..primitive import Kind, Primitive, declare, shifted
-from .core import ArrayLike
+from .core import ArrayLike, batch_along_axis, batch_rebound
 
 
 def region(starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> tuple[slice, ...]:
@@ -48,10 +48,17 @@ def _pad_impl(x: Any, *, starts: tuple[int, ...], steps: tuple[int, ...], shape:
     return out
 
 
+def _batch_region(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """A slice or pad of the batch axis (at 0) whole: its start 0, step 1, length the batch size."""
+    p = e.params
+    params = dict(p, starts=(0,) + p["starts"], steps=(1,) + p["steps"], shape=(b.size,) + p["shape"])
+    return batch_rebound(b, e, [b.move(args[0], dims[0], 0)], params)
+
+
 slice_p = declare(Primitive(
     "slice", Kind.VIEW, _region_rule, _slice_impl,
     lambda cts, ins, outs, *, starts, steps, shape: [L.pad_region(cts[0], starts, steps, ins[0].shape, 0)],
-    index_map=_slice_index, backward_label="SliceBackward"))
+    index_map=_slice_index, backward_label="SliceBackward", batch=_batch_region))
 def _pad_select(e: Any, index: tuple) -> tuple[list, Any] | None:
     """A kernel reads a pad's input inside the region (moved back by `starts`, reversed where a step is -1),
     its fill value outside; pads with interior steps (the gradient of a strided slice) stay host steps."""
@@ -68,7 +75,7 @@ def _pad_select(e: Any, index: tuple) -> tuple[list, Any] | None:
 pad_p = declare(Primitive(
     "pad", Kind.HOST, _region_rule, _pad_impl,
     lambda cts, ins, outs, *, starts, steps, shape, value: [L.slice_region(cts[0], starts, steps, ins[0].shape)],
-    select_map=_pad_select, backward_label="PadBackward"))
+    select_map=_pad_select, backward_label="PadBackward", batch=_batch_region))
 
 
 def _concatenate_rule(avals: Sequence[Aval], *, axis: int) -> Aval:
@@ -102,7 +109,8 @@ def _concatenate_select(e: Any, index: tuple) -> tuple[list, None]:
 
 concatenate_p = declare(Primitive("concatenate", Kind.HOST, _concatenate_rule,
                                   lambda *xs, axis: np.concatenate(xs, axis=axis), _concatenate_vjp,
-                                  select_map=_concatenate_select, backward_label="CatBackward"))
+                                  select_map=_concatenate_select, backward_label="CatBackward",
+                                  batch=batch_along_axis))
 
 
 def slice_region(x: ArrayLike, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> ArrayLike:

@@ -20,7 +20,7 @@ from ..errors import ShapeError, TraceError, UnsupportedError
 from ..ir import Aval
 from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, constant_of, where_text
-from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, result_type
+from .core import ArrayLike, aval_of, batch_along_axis, broadcast_to, convert, normalize_axes, result_type
 from .elementwise import add, divide, multiply, not_equal, subtract
 from .reductions import _accumulation_dtype
 from .regions import slice_region
@@ -100,11 +100,11 @@ def _linear_scan_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]
 
 
 cumsum_p = declare(Primitive("cumsum", Kind.HOST, _scan_rule, _accumulate_impl(np.add), _cumsum_vjp,
-                             backward_label="CumsumBackward"))
+                             backward_label="CumsumBackward", batch=batch_along_axis))
 cumprod_p = declare(Primitive("cumprod", Kind.HOST, _scan_rule, _accumulate_impl(np.multiply), _cumprod_vjp,
-                              backward_label="CumprodBackward"))
+                              backward_label="CumprodBackward", batch=batch_along_axis))
 linear_scan_p = declare(Primitive("linear_scan", Kind.HOST, _scan_rule, _linear_scan_impl, _linear_scan_vjp,
-                                  backward_label="LinearScanBackward"))
+                                  backward_label="LinearScanBackward", batch=batch_along_axis))
 
 
 # ---------------------------------------------------------------------- cumulative sums and products

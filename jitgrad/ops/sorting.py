@@ -22,7 +22,7 @@ from ..errors import ShapeError, TraceError, UnsupportedError
 from ..ir import Aval
 from ..primitive import Kind, Primitive, declare
 from ..tracing import Tracer, bind, constant_of, where_text
-from .core import ArrayLike, aval_of, normalize_axes
+from .core import ArrayLike, aval_of, batch_along_axis, normalize_axes
 from .elementwise import add, isnan, multiply, subtract, where
 from .reductions import mean
 from .regions import slice_region
@@ -77,9 +77,10 @@ def _sort_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, ax
     return [L.scatter_add(g, along(order, axis), L.aval(x).shape)]
 
 
-sort_p = declare(Primitive("sort", Kind.HOST, _same_rule, _sort_impl, _sort_vjp, backward_label="SortBackward"))
-argsort_p = declare(Primitive("argsort", Kind.HOST, _index_rule, _argsort_impl))
-argpartition_p = declare(Primitive("argpartition", Kind.HOST, _index_rule, _argpartition_impl))
+sort_p = declare(Primitive("sort", Kind.HOST, _same_rule, _sort_impl, _sort_vjp, backward_label="SortBackward",
+                           batch=batch_along_axis))
+argsort_p = declare(Primitive("argsort", Kind.HOST, _index_rule, _argsort_impl, batch=batch_along_axis))
+argpartition_p = declare(Primitive("argpartition", Kind.HOST, _index_rule, _argpartition_impl, batch=batch_along_axis))
 
 
 # ---------------------------------------------------------------------- sort, argsort, partition
