@@ -19,11 +19,11 @@ import numpy as np
 from . import buffers, programs, trees
 from .arguments import Arguments, as_tensors, numpy_args
 from .backends import backend
-from .errors import InputError, JitgradError
+from .errors import InputError
 from .explain import Explanation, ir_text, render
 from .plans import Plan, PlanCache
 from .traces import reading_captured
-from .tracebacks import api_boundary, filtered, show_all_frames
+from .tracebacks import api_boundary, filtered, keeps_all_frames
 from .tracing import Tracer, current_builder
 from .trees import unflatten_output
 
@@ -117,8 +117,8 @@ class Traced:
             plan, captured = self.plans.find(call)
             outs = plan.call()(plan.inputs(call.leaves, captured))
             return unflatten_output(plan.tree, self._results(outs, call.tensors))
-        except JitgradError as exc:
-            if show_all_frames():
+        except Exception as exc:
+            if keeps_all_frames(exc):
                 raise
             raise filtered(exc)
 
@@ -176,8 +176,8 @@ class Traced:
                 self.plans.fast_paths[(argnums, has_aux, call.fast)] = self._repeat_value_and_grad(
                     plan, exe, positions, shape_result, argnums, has_aux)
             return result
-        except JitgradError as exc:
-            if show_all_frames():
+        except Exception as exc:
+            if keeps_all_frames(exc):
                 raise
             raise filtered(exc)
 

@@ -2,7 +2,9 @@
 JITGRAD_TRACEBACK=full), and its message says what to do: use numpy's functions rather than math's or
 float(), a static argument for Python ints, a jg or numpy equivalent or computing the value outside."""
 import math
+import operator
 import os
+import textwrap
 import traceback
 
 import numpy as np
@@ -81,15 +83,60 @@ def test_raise_from_stays_linked_and_the_cause_is_filtered_too(monkeypatch) -> N
     assert len(jitgrad_frames(info.value)) <= 1 and jitgrad_frames(cause) == []
 
 
-def test_other_exceptions_pass_untouched(monkeypatch) -> None:
+def _misspelt(a):
+    return np.tahn(a)  # np.tanh misspelt: numpy's AttributeError
+
+
+def _reshaped(a):
+    return np.sum(np.ones(3).reshape(2, 2) * a)  # numpy's ValueError, on a constant
+
+
+def _own(a):
+    raise KeyError("the user's own")
+
+
+USER_ERRORS = [
+    ("np.tahn, a call", lambda: jg.trace(_misspelt)(X3), AttributeError, "return np.tahn(a)"),
+    ("np.tahn, Traced.grad", lambda: jg.trace(_misspelt).grad(X3), AttributeError, "return np.tahn(a)"),
+    ("np.tahn, jg.grad", lambda: jg.grad(_misspelt)(X3), AttributeError, "return np.tahn(a)"),
+    ("numpy's ValueError, value_and_grad", lambda: jg.trace(_reshaped).value_and_grad(X3), ValueError,
+     "return np.sum(np.ones(3).reshape(2, 2) * a)"),
+    ("numpy's ValueError, jg.vjp", lambda: jg.vjp(_reshaped, X3), ValueError,
+     "return np.sum(np.ones(3).reshape(2, 2) * a)"),
+    ("the user's own raise", lambda: jg.trace(_own)(X3), KeyError, 'raise KeyError("the user\'s own")'),
+]
+
+
+@pytest.mark.parametrize("call, error, line", [c[1:] for c in USER_ERRORS], ids=[c[0] for c in USER_ERRORS])
+def test_a_numpy_error_in_the_traced_function_loses_jitgrads_frames(call, error, line, monkeypatch) -> None:
     monkeypatch.delenv("JITGRAD_TRACEBACK", raising=False)
+    with pytest.raises(error) as info:
+        call()
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert len(jitgrad_frames(info.value)) <= 1, traceback.format_tb(info.value.__traceback__)  # the entry point
+    mine = [f for f in frames if f.filename == __file__]
+    assert mine[-1].line.startswith(line)  # the user's line is there, below the caller's
+    assert "JITGRAD_TRACEBACK=full" in "".join(traceback.format_exception(info.value))  # the note says how
 
-    def fails(a):
-        raise KeyError("the user's own")
 
-    with pytest.raises(KeyError) as info:
-        jg.trace(fails)(X3)
-    assert len(jitgrad_frames(info.value)) >= 2
+def test_a_numpy_error_keeps_every_frame_with_jitgrad_traceback_full(monkeypatch) -> None:
+    monkeypatch.setenv("JITGRAD_TRACEBACK", "full")
+    with pytest.raises(AttributeError) as info:
+        jg.trace(_misspelt)(X3)
+    assert len(jitgrad_frames(info.value)) >= 4  # the call, the plan cache, tracing
+    assert not getattr(info.value, "__notes__", None)
+
+
+def test_an_error_raised_in_jitgrads_own_code_or_a_library_it_called_passes_untouched(monkeypatch) -> None:
+    monkeypatch.delenv("JITGRAD_TRACEBACK", raising=False)
+    monkeypatch.setattr(jg.Traced, "_call", operator.truediv)  # jitgrad's own frame raises: a jitgrad bug
+    with pytest.raises(TypeError) as info:
+        jg.trace(lambda a: a * 2)(X3)
+    assert jitgrad_frames(info.value)[-1].name == "__call__" and not getattr(info.value, "__notes__", None)
+    monkeypatch.undo()
+    with pytest.raises(TypeError) as info:
+        jg.trace(textwrap.dedent)(X3)  # the first frame below jitgrad's is the standard library's
+    assert len(jitgrad_frames(info.value)) >= 4
 
 
 def test_math_functions_and_float_say_use_numpy() -> None:
