@@ -1,5 +1,7 @@
-"""Command line: `python -m jitgrad cache info`, `python -m jitgrad cache clear`, and
-`python -m jitgrad explain module:function --shapes "f32[1000],f32[1000]"`.
+"""Command line: `python -m jitgrad cache info`, `python -m jitgrad cache clear`,
+`python -m jitgrad explain module:function --shapes "f32[1000],f32[1000]"`, and `python -m jitgrad ops [NAME]`
+(is a numpy function supported under tracing, its gradient convention, the keywords it refuses, what to write
+instead; without NAME, every supported op).
 
 Each command is a subparser with its own handler (`set_defaults(run=...)`), so adding one is one
 more `add_parser` call.
@@ -10,7 +12,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import cache, explain
+from . import cache, explain, opinfo
 from .api import Traced, trace
 from .errors import JitgradError
 
@@ -53,6 +55,19 @@ def explain_function(args: argparse.Namespace) -> int:
     return 0
 
 
+def ops(args: argparse.Namespace) -> int:
+    """What jitgrad traces: one op (`ptp`, `np.ptp`, `linalg.solve`, `jg.gelu`) or, without a name, all of them."""
+    if not args.names:
+        names = opinfo.supported_names()
+        print(f"{len(names)} supported ops (np.<function>, np.<ufunc>[.method], jg.<jitgrad op>, x.<ndarray method>); "
+              f"python -m jitgrad ops NAME says more about one:")
+        print("\n".join(f"  {n}" for n in names))
+        return 0
+    found = [opinfo.describe(name) for name in args.names]
+    print("\n\n".join("\n".join(info.lines()) for info in found))
+    return 0 if all(info.exists for info in found) else 1
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m jitgrad", description="jitgrad command line tools")
     commands = top.add_subparsers(dest="command", required=True)
@@ -65,6 +80,11 @@ def parser() -> argparse.ArgumentParser:
     explain_cmd.add_argument("--shapes", required=True, help='one dtype[dims] per argument, e.g. "f32[1000],f64[4,8]"')
     explain_cmd.add_argument("--format", choices=["text", "dot"], default="text", help="text, or Graphviz DOT")
     explain_cmd.set_defaults(run=explain_function)
+    ops_cmd = commands.add_parser("ops", help="is a numpy function supported under tracing; its gradient convention, "
+                                              "refused keywords, or what to write instead")
+    ops_cmd.add_argument("names", nargs="*", metavar="NAME",
+                         help="e.g. ptp, np.ptp, tanh, linalg.solve, jg.gelu, add.reduce; none: list the supported ops")
+    ops_cmd.set_defaults(run=ops)
     return top
 
 

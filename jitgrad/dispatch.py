@@ -125,7 +125,8 @@ class Binding:
         hint = _HINTS.get(name)
         taken = ", ".join(sorted(self.accepts)) or "no arguments besides its operands"
         raise UnsupportedError(f"{self.name}(..., {name}={_short(value)}) is not supported by jitgrad"
-                               f"{' (' + hint + ')' if hint else ''}; it takes {taken}. See docs/ops.md"
+                               f"{' (' + hint + ')' if hint else ''}; it takes {taken}. `python -m jitgrad ops "
+                               f"{self.name}` lists what it refuses"
                                f"{where_text()}")
 
 

@@ -30,8 +30,41 @@ def _tracers(args: Any) -> list[Tracer]:
     return []
 
 
-# What to write instead of a numpy (or SciPy) function the tracer does not take, where one expression does it.
+# What to write instead of a numpy (or SciPy) function the tracer does not take, where one expression does it:
+# the one record of it, which the unsupported-op error and `python -m jitgrad ops NAME` read. Keyed by the
+# numpy name without "numpy." ("ptp", "linalg.vector_norm") or, for a ufunc (SciPy's too), its __name__.
 EQUIVALENTS = {
+    "ptp": "x.max(axis) - x.min(axis)",
+    "average": "np.sum(x * w, axis) / np.sum(w, axis) for weights w (np.mean(x, axis) without)",
+    "nansum": "np.sum(np.where(np.isnan(x), 0, x), axis)",
+    "nanmean": "np.sum(np.where(np.isnan(x), 0, x), axis) / np.sum(~np.isnan(x), axis)",
+    "nanmax": "np.max(np.where(np.isnan(x), -np.inf, x), axis)",
+    "nanmin": "np.min(np.where(np.isnan(x), np.inf, x), axis)",
+    "count_nonzero": "np.sum(x != 0, axis)",
+    "any": "np.sum(x != 0, axis) > 0",
+    "all": "np.sum(x == 0, axis) == 0",
+    "isinf": "np.abs(x) == np.inf",
+    "isposinf": "x == np.inf",
+    "isneginf": "x == -np.inf",
+    "isclose": "np.abs(a - b) <= atol + rtol * np.abs(b) (numpy's defaults: rtol=1e-05, atol=1e-08)",
+    "trunc": "np.where(x < 0, np.ceil(x), np.floor(x))",
+    "fix": "np.where(x < 0, np.ceil(x), np.floor(x))",
+    "copy": "x itself (traced arrays are immutable: a copy is never needed)",
+    "cumulative_sum": "np.cumsum(x, axis)",
+    "cumulative_prod": "np.cumprod(x, axis)",
+    "trapezoid": "np.sum((y[..., 1:] + y[..., :-1]) / 2 * np.diff(x), axis=-1)",
+    "vdot": "np.sum(a * b) (real arrays)",
+    "vecdot": "np.sum(a * b, axis=-1)",
+    "cov": "(x - x.mean(axis=1, keepdims=True)) @ (x - x.mean(axis=1, keepdims=True)).T / (x.shape[1] - 1), "
+           "one variable per row of a 2-d x",
+    "linalg.vector_norm": "np.linalg.norm(x, ord, axis)",
+    "linalg.matrix_norm": "np.linalg.norm(x, ord, axis=(-2, -1))",
+    "linalg.vecdot": "np.sum(a * b, axis=-1)",
+    "linalg.matmul": "a @ b",
+    "linalg.outer": "np.outer(a, b)",
+    "linalg.cross": "np.cross(a, b)",
+    "linalg.trace": "np.trace(x, axis1=-2, axis2=-1)",
+    "linalg.diagonal": "np.diagonal(x, axis1=-2, axis2=-1)",
     "expit": "jg.sigmoid(x)",
     "log_expit": "-jg.softplus(-x)",
     "erf": "jg.erf(x)",
@@ -49,12 +82,14 @@ EQUIVALENTS = {
 
 def unsupported(name: str, key: str, args: Any) -> UnsupportedError:
     """The error for a numpy function or ufunc without a binding: what it was called on and what to do instead
-    (a jg or numpy expression where one exists, docs/ops.md, computing it outside the traced function)."""
+    (a jg or numpy expression where one exists, `python -m jitgrad ops`, computing it outside the traced
+    function)."""
     instead = EQUIVALENTS.get(key)
     return UnsupportedError(f"{name} is not supported by jitgrad's tracer (called on traced {_traced_shapes(args)})."
-                            f"{f' Write {instead} instead: it traces.' if instead else ''} docs/ops.md lists what "
-                            f"is supported; otherwise compute this value outside the traced function and pass it in "
-                            f"as an argument{where_text()}")
+                            f"{f' Write {instead} instead: it traces.' if instead else ''} `python -m jitgrad ops` "
+                            f"lists what is supported (`python -m jitgrad ops {key or name}` says this); otherwise "
+                            f"compute this value outside the traced function and pass it in as an argument"
+                            f"{where_text()}")
 
 
 def handle_ufunc(ufunc: np.ufunc, method: str, inputs: tuple, kwargs: dict) -> Any:
@@ -70,7 +105,7 @@ def handle_function(func: Any, args: tuple, kwargs: dict) -> Any:
     binding = FUNCTIONS.get(func)
     if binding is None:
         name = numpy_name(func) if hasattr(func, "__name__") else f"numpy.{func}"
-        raise unsupported(name, getattr(func, "__name__", ""), args)
+        raise unsupported(name, name.removeprefix("numpy.") if hasattr(func, "__name__") else "", args)
     return binding(*args, **kwargs)
 
 
@@ -85,7 +120,7 @@ def tracer_method(t: Tracer, name: str) -> Any:
                     "(np.sort(x), np.full_like(x, v), ...)." if hasattr(np.ndarray, name) else "")
         raise UnsupportedAttributeError(
             f"traced {t.aval} arrays have no attribute {name!r}.{in_place} jitgrad supports the ndarray methods "
-            f"{', '.join(sorted(METHODS))}; see docs/ops.md{where_text()}")
+            f"{', '.join(sorted(METHODS))}; `python -m jitgrad ops {name}` says more{where_text()}")
     return factory(t)
 
 
