@@ -94,25 +94,16 @@ def _no_rule(e: Any) -> str:
             f"(vmap never loops over the batch); call it outside the vmap, or on the whole batch")
 
 
-def _leaf_axes(axes: Any, trees_of: Sequence[Any], what: str, name: str) -> list[Any]:
-    """One axis (an int, or _NONE) per leaf of `trees_of`, from `axes`: an int or None for all of them, or a
-    tuple with one prefix tree per item (an int or None standing for a whole subtree)."""
-    if axes is None or isinstance(axes, int):
-        return [_NONE if axes is None else axes] * sum(len(trees.tree_leaves(t)) for t in trees_of)
-    if not isinstance(axes, (tuple, list)) or len(axes) != len(trees_of):
-        count = len(axes) if isinstance(axes, (tuple, list)) else None
-        raise InputError(f"{name}: {what} must be an int, None or a tuple with one entry per "
-                         f"{'argument' if what == 'in_axes' else 'output'} ({len(trees_of)}), got {axes!r}"
-                         + (f" of {count}" if count is not None else ""))
-    found = []
-    for k, (prefix, tree) in enumerate(zip(axes, trees_of)):
-        prefix = optree.tree_map(lambda a: _NONE if a is None else a, prefix, none_is_leaf=True,
-                                 namespace=trees.NAMESPACE)
-        try:
-            found += optree.broadcast_prefix(prefix, tree, namespace=trees.NAMESPACE)
-        except ValueError as exc:
-            raise InputError(f"{name}: {what}[{k}] = {axes[k]!r} does not match the structure of "
-                             f"{'argument' if what == 'in_axes' else 'output'} {k} ({exc})") from None
+def _leaf_axes(axes: Any, tree: Any, what: str, name: str) -> list[Any]:
+    """One axis (an int, or _NONE) per leaf of `tree`, from `axes`, a pytree prefix of it: an int or None stands
+    for its whole subtree (in_axes: a prefix of the tuple of the arguments; out_axes: of the output)."""
+    prefix = optree.tree_map(lambda a: _NONE if a is None else a, axes, none_is_leaf=True, namespace=trees.NAMESPACE)
+    try:
+        found = optree.broadcast_prefix(prefix, tree, namespace=trees.NAMESPACE)
+    except ValueError as exc:
+        shown = "the arguments" if what == "in_axes" else "the output"
+        raise InputError(f"{name}: {what} = {axes!r} does not match the structure of {shown}; give an int, None, or "
+                         f"a tree of them matching {shown} ({exc})") from None
     for a in found:
         if a is not _NONE and (not isinstance(a, int) or isinstance(a, bool)):
             raise InputError(f"{name}: {what} holds {a!r}; each entry is an int (an axis) or None")
@@ -129,12 +120,10 @@ def _batched(fn: Callable[..., Any], args: Sequence[Any], in_axes: Any, out_axes
              name: str) -> Any:
     """fn mapped over `args`' batch axes, recorded into the active builder."""
     flat = FlatArguments.of(args, name)
-    wanted = in_axes if isinstance(in_axes, (tuple, list)) or in_axes is None or isinstance(in_axes, int) else None
-    if wanted is None:
-        raise InputError(f"{name}: in_axes must be an int, None or a tuple of them (or of pytrees), got {in_axes!r}")
-    if isinstance(in_axes, list):
-        raise InputError(f"{name}: in_axes must be a tuple, not a list (JAX's rule: a list is a pytree)")
-    axes = _leaf_axes(in_axes, list(args), "in_axes", name)
+    if not (in_axes is None or isinstance(in_axes, (int, tuple))):
+        raise InputError(f"{name}: in_axes must be an int, None or a tuple with one entry per argument (each an "
+                         f"int, None or a pytree of them), got {in_axes!r}")
+    axes = _leaf_axes(in_axes, tuple(args), "in_axes", name)
     dims: list[int | None] = []
     sizes: dict[int, list[str]] = {}
     for k, (a, aval) in enumerate(zip(axes, flat.avals)):
@@ -156,12 +145,8 @@ def _batched(fn: Callable[..., Any], args: Sequence[Any], in_axes: Any, out_axes
                                               for a, d in zip(flat.avals, dims)], flat.structures)
     traced = trace_nested(fn, per_example)
     found = batch_inline(traced.graph, flat.leaves + traced.outer, dims + [None] * len(traced.outer), size)
-    outs = trees.unflatten_output(traced.tree, [0] * len(found))
-    if isinstance(out_axes, (tuple, list)) and not isinstance(outs, (tuple, list)):
-        raise InputError(f"{name}: out_axes is a tuple of {len(out_axes)} but the function returns one output")
-    out_trees = list(outs) if isinstance(out_axes, (tuple, list)) else [outs]
-    placed = []
-    for k, ((value, d), a) in enumerate(zip(found, _leaf_axes(out_axes, out_trees, "out_axes", name))):
+    placed, outs = [], trees.unflatten_output(traced.tree, [0] * len(found))
+    for k, ((value, d), a) in enumerate(zip(found, _leaf_axes(out_axes, outs, "out_axes", name))):
         if a is _NONE:
             if d is not None:
                 raise InputError(f"{name}: out_axes is None for output leaf {k}, but it depends on the batched "

@@ -95,8 +95,9 @@ def _concatenate_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]
     return grads
 
 
-def _concatenate_select(e: Any, index: tuple) -> tuple[list, None]:
-    """A kernel reads the operand whose range along `axis` holds the position, moved back by its offset."""
+def _concatenate_select(e: Any, index: tuple) -> tuple[list, Any]:
+    """A kernel reads the operand whose range along `axis` holds the position, moved back by its offset (where
+    every operand is empty, so is the result: no case, and a fill value no point reads)."""
     axis, cases, offset = e.params["axis"], [], 0
     for k, x in enumerate(e.inputs):
         n = x.aval.shape[axis]
@@ -104,7 +105,7 @@ def _concatenate_select(e: Any, index: tuple) -> tuple[list, None]:
             inner = index[:axis] + (shifted(index[axis], -offset, 1),) + index[axis + 1:]
             cases.append((((index[axis], offset, offset + n),), k, inner))
         offset += n
-    return cases, None
+    return cases, None if cases else 0
 
 
 concatenate_p = declare(Primitive("concatenate", Kind.HOST, _concatenate_rule,
