@@ -53,7 +53,7 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from . import threads as _threads  # noqa: E402
 
 _threads.choose_threading_layer()
-_threads.warn_if_torch_spins(_policy_was_set)
+_threads.warn_if_torch_spins(_policy_was_set, _threads.quiet_openmp_spinning(_policy_was_set))
 
 from .api import Context, Traced, clear_caches, trace  # noqa: E402
 from .transforms import grad, value_and_grad, vjp  # noqa: E402

@@ -45,7 +45,7 @@ class GradcheckError(JitgradError, AssertionError):
 
 class ThreadsWarning(UserWarning):
     """Another library's threads will spin on the cores jitgrad's calls need (PyTorch imported before
-    jitgrad with OpenMP's default wait policy), and what to set so that they sleep."""
+    jitgrad with an OpenMP runtime jitgrad cannot quiet), and what to set so that they sleep."""
 
 
 class PrecisionWarning(UserWarning):

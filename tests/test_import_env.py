@@ -38,11 +38,19 @@ def import_warnings(first: str, env_value: str | None) -> str:
     return run.stderr
 
 
-def test_torch_imported_first_without_a_wait_policy_gets_one_warning_saying_what_to_set() -> None:
-    text = import_warnings("torch", None)
-    assert text.count("ThreadsWarning") == 1 and "OMP_WAIT_POLICY=PASSIVE" in text
-
-
-@pytest.mark.parametrize("first, value", [("jitgrad", None), ("torch", "PASSIVE"), ("torch", "ACTIVE")])
+@pytest.mark.parametrize("first, value", [("jitgrad", None), ("torch", None), ("torch", "PASSIVE"), ("torch", "ACTIVE")])
 def test_no_warning_where_the_policy_was_chosen_or_jitgrad_came_first(first, value) -> None:
     assert "ThreadsWarning" not in import_warnings(first, value)
+
+
+def test_an_openmp_runtime_jitgrad_cannot_quiet_gets_one_warning_saying_what_to_set() -> None:
+    """Where torch came first with an OpenMP runtime other than GNU's (none was quieted), the warning says
+    what to set before Python starts."""
+    child = ("import warnings, torch; from jitgrad import threads\n"
+             "with warnings.catch_warnings(record=True) as seen:\n"
+             "    warnings.simplefilter('always'); threads.warn_if_torch_spins(False, [])\n"
+             "print(len(seen), seen[0].category.__name__, 'OMP_WAIT_POLICY=PASSIVE' in str(seen[0].message))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    run = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["1", "ThreadsWarning", "True"]

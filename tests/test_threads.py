@@ -6,6 +6,7 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 
 import jitgrad as jg
 from jitgrad.kernels import compiler
@@ -47,7 +48,7 @@ def test_many_threads_race_through_the_first_call(tmp_path, monkeypatch) -> None
                 a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
                 rows, value, ga, gb = _reference(a, b)
                 np.testing.assert_allclose(f(a, b), rows, rtol=2e-4, atol=1e-3)
-                v, (da, db) = loss.value_and_grad(a, b)
+                v, (da, db) = loss.value_and_grad(a, b, argnums=(0, 1))
                 np.testing.assert_allclose(v, value, rtol=2e-4)
                 np.testing.assert_allclose(da, ga, rtol=2e-3, atol=1e-2)
                 np.testing.assert_allclose(db, gb, rtol=2e-3, atol=1e-2)
@@ -76,6 +77,7 @@ WORKQUEUE_CHILD = r"""
 import threading
 import numba
 import numpy as np
+import pytest
 import jitgrad as jg
 
 from jitgrad.kernels import compiler
@@ -112,6 +114,7 @@ def test_parallel_kernels_from_many_threads_under_the_workqueue_layer(tmp_path) 
 FORK_CHILD = r"""
 import multiprocessing as mp
 import numpy as np
+import pytest
 import jitgrad as jg
 
 def work(queue):
@@ -148,6 +151,7 @@ IDLE_CHILD = r"""
 import sys, time
 import torch  # first, as a script benchmarking against PyTorch imports it
 import numpy as np
+import pytest
 import numba
 import jitgrad as jg
 from jitgrad.kernels import compiler
@@ -188,3 +192,42 @@ def test_a_threading_layer_the_user_chose_is_kept(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["omp"]
+
+
+TORCH_SPIN_CHILD = r"""
+import os, sys, time
+import torch  # first: its GNU OpenMP runtime starts with the default (spinning) wait policy
+import jitgrad
+a = torch.randn(1500, 1500)
+shares = []
+for _ in range(10):
+    a @ a  # a parallel region: torch's workers then wait for the next one
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(0.05)
+    shares.append((time.process_time() - cpu) / (time.perf_counter() - wall))
+import threading
+print(sorted(shares)[5], sum(t.name == "jitgrad-openmp-idle" for t in threading.enumerate()))
+"""
+
+
+def torch_idle_share(extra_env: dict[str, str]) -> tuple[float, int]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "JITGRAD_OPENMP_SPIN")}
+    proc = subprocess.run([sys.executable, "-c", TORCH_SPIN_CHILD], env={**env, **extra_env}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    share, teams = proc.stdout.split()
+    return float(share), int(teams)
+
+
+def test_torch_imported_first_stops_spinning_after_its_ops() -> None:
+    """torch's OpenMP workers, started before jitgrad with the default policy, spin about 11 ms after each op
+    (a fifth of the 50 ms after it) unless told otherwise; jitgrad's idle team makes libgomp throttle them."""
+    share, teams = torch_idle_share({})
+    assert teams == 1
+    assert share < 0.05
+
+
+@pytest.mark.parametrize("env", [{"JITGRAD_OPENMP_SPIN": "keep"}, {"OMP_WAIT_POLICY": "ACTIVE"},
+                                 {"GOMP_SPINCOUNT": "300000"}])
+def test_a_spin_policy_the_user_chose_is_left_alone(env) -> None:
+    assert torch_idle_share(env)[1] == 0
