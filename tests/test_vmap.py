@@ -180,7 +180,7 @@ def test_per_example_gradients_of_the_transformer_block_equal_a_loop_of_grads() 
 
 def test_per_example_gradients_are_one_program_whatever_the_batch() -> None:
     """The batched program has as many equations for a batch of 2 as of 9 (nothing is unrolled per example),
-    as many products as one example's gradient, and a second call compiles nothing."""
+    no more products than one example's gradient, and a second call compiles nothing."""
     params = mlp_params()
     per_example = jg.vmap(jg.grad(mlp_loss), in_axes=(None, 0, 0))
     traced = jg.trace(lambda p, x, y: per_example(p, x, y))
@@ -189,7 +189,8 @@ def test_per_example_gradients_are_one_program_whatever_the_batch() -> None:
         graph = traced.plan(params, rng.standard_normal((n, 6)), np.arange(n) % 4).graph
         sizes.append((len(graph.eqns), sum(e.prim.name == "matmul" for e in graph.eqns)))
     single = jg.trace(jg.grad(mlp_loss)).plan(params, X[0, :3].repeat(2), 1).graph
-    assert sizes[0] == sizes[1] and sizes[0][1] == sum(e.prim.name == "matmul" for e in single.eqns)
+    # (the per-example outer products of the weight gradients become elementwise products, which fuse)
+    assert sizes[0] == sizes[1] and 0 < sizes[0][1] <= sum(e.prim.name == "matmul" for e in single.eqns)
     xs, ys = rng.standard_normal((9, 6)), np.arange(9) % 4
     per_example(params, xs, ys)
     from jitgrad.kernels import compiler

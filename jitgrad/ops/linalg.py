@@ -35,6 +35,10 @@ def _batch_matmul(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> t
     """Both operands batched: a batched product. One batched: its batch axis joins the rows of the left operand
     (the columns of the right one), so a batch of products with one shared matrix is one larger product."""
     (x, y), (dx, dy) = args, dims
+    if dx is not None and dy is not None and aval_of(x).shape[-1] == 1:  # outer products (per-example weight
+        x, y = b.move(x, dx, 0), b.move(y, dy, 0)  # gradients): one product per point, elementwise, so it fuses
+        shape = aval_of(x).shape[:-1] + aval_of(y).shape[-1:]
+        return [L.mul(L.broadcast_to(x, shape), L.broadcast_to(y, shape))], [0]
     if dx is not None and dy is not None:
         return batch_leading(b, e, args, dims)
     if dy is None:  # (..., B, M, K) as (..., B*M, K)
