@@ -1,5 +1,7 @@
 """`python -m jitgrad ops [NAME]`: what traces, the gradient convention, the keywords refused and, for an
 unsupported op, what to write instead; and the unsupported-op errors that point to it."""
+import contextlib
+import io
 import subprocess
 import sys
 
@@ -9,12 +11,18 @@ import pytest
 import jitgrad as jg
 from jitgrad import opinfo
 from jitgrad.__main__ import main
+from jitgrad.kernels import compiler
 from jitgrad.numpy_api import EQUIVALENTS
 
 
-def ops(capsys, *names: str) -> tuple[int, str]:
-    code = main(["ops", *names])
-    return code, capsys.readouterr().out
+def ops(*names: str) -> tuple[int, str]:
+    """main(["ops", *names]): its exit code and what it printed. Background compiles that earlier tests started
+    finish first: numba's colorama.init() in their thread rebinds sys.stdout, which lost this output."""
+    compiler.wait_for_background_compiles()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["ops", *names])
+    return code, out.getvalue()
 
 
 def test_the_command_line_names_np_ptps_alternative() -> None:
@@ -25,47 +33,47 @@ def test_the_command_line_names_np_ptps_alternative() -> None:
 
 
 @pytest.mark.parametrize("name", ["ptp", "np.ptp", "numpy.ptp"])
-def test_every_spelling_of_a_name_finds_it(capsys, name) -> None:
-    assert ops(capsys, name)[1].startswith("numpy.ptp: not supported")
+def test_every_spelling_of_a_name_finds_it(name) -> None:
+    assert ops(name)[1].startswith("numpy.ptp: not supported")
 
 
-def test_a_supported_op_its_gradient_convention_and_refused_keywords(capsys) -> None:
-    code, out = ops(capsys, "np.maximum")
+def test_a_supported_op_its_gradient_convention_and_refused_keywords() -> None:
+    code, out = ops("np.maximum")
     assert code == 0 and out.startswith("numpy.maximum: supported under tracing")
     assert "gradient: ties split the gradient evenly" in out  # docs/ops.md's conventions row
     assert "out=None (traced arrays are immutable" in out and "where=True" in out
-    code, out = ops(capsys, "tanh")
+    code, out = ops("tanh")
     assert "numpy.tanh: supported" in out and "gradient: no special convention recorded" in out
     assert "float32: 2; float64: 3" in out  # its row of the ulp table
-    out = ops(capsys, "linalg.solve")[1]
+    out = ops("linalg.solve")[1]
     assert out.startswith("numpy.linalg.solve: supported") and "refused keywords: none" in out
-    out = ops(capsys, "np.linalg.norm")[1]
+    out = ops("np.linalg.norm")[1]
     assert "gradient: 0 at a zero vector or matrix" in out
-    out = ops(capsys, "sum")[1]
+    out = ops("sum")[1]
     assert "refused keywords (accepted only at numpy's default): out=None" in out and "where" not in out.split(
         "refused")[1].split("\n")[0]  # numpy.sum takes where=
 
 
-def test_jitgrads_own_ops_methods_and_ufunc_methods(capsys) -> None:
-    out = ops(capsys, "jg.relu")[1]
+def test_jitgrads_own_ops_methods_and_ufunc_methods() -> None:
+    out = ops("jg.relu")[1]
     assert out.startswith("jg.relu: supported") and "gradient: 0 where x ≤ 0, 1 elsewhere" in out
-    assert ops(capsys, "gelu")[1].startswith("jg.gelu: supported")
-    assert ops(capsys, "add.reduce")[1].startswith("numpy.add.reduce: supported")
-    assert ops(capsys, "T")[1].startswith("ndarray.T: supported")
-    out = ops(capsys, "astype")[1]  # np.astype does not trace; the method does
+    assert ops("gelu")[1].startswith("jg.gelu: supported")
+    assert ops("add.reduce")[1].startswith("numpy.add.reduce: supported")
+    assert ops("T")[1].startswith("ndarray.T: supported")
+    out = ops("astype")[1]  # np.astype does not trace; the method does
     assert "numpy.astype: not supported" in out and "x.astype(...) is supported" in out
 
 
-def test_scipy_names_and_unknown_names(capsys) -> None:
-    assert "write instead: jg.sigmoid(x)" in ops(capsys, "scipy.special.expit")[1]
-    code, out = ops(capsys, "np.tahn")
+def test_scipy_names_and_unknown_names() -> None:
+    assert "write instead: jg.sigmoid(x)" in ops("scipy.special.expit")[1]
+    code, out = ops("np.tahn")
     assert code == 1 and "neither numpy nor jitgrad has" in out and "tanh" in out
-    out = ops(capsys, "convolve")[1]
+    out = ops("convolve")[1]
     assert "numpy.convolve: not supported" in out and "compute it outside the traced function" in out
 
 
-def test_without_a_name_it_lists_the_supported_ops(capsys) -> None:
-    code, out = ops(capsys)
+def test_without_a_name_it_lists_the_supported_ops() -> None:
+    code, out = ops()
     names = out.split()
     assert code == 0 and {"np.tanh", "np.linalg.solve", "np.add.reduce", "jg.gelu", "x.reshape"} <= set(names)
     assert "np.ptp" not in names and f"{len(opinfo.supported_names())} supported ops" in out
