@@ -62,7 +62,7 @@ def main() -> None:
     obj = Params(*arrays)
     f_pos, f_dict, f_dc = jg.trace(positional), jg.trace(as_dict), jg.trace(as_dataclass)
     forms = {
-        "10 positional arrays": lambda: f_pos.value_and_grad(*arrays),
+        "10 positional arrays": lambda: f_pos.value_and_grad(*arrays, argnums=tuple(range(len(arrays)))),
         "dict of 10 arrays": lambda: f_dict.value_and_grad(params),
         "dataclass of 10 fields": lambda: f_dc.value_and_grad(obj),
     }

@@ -6,7 +6,7 @@
     def loss(w, x, b):
         return np.sum(np.exp(w * x + b))
 
-    value, (gw, gx, gb) = loss.value_and_grad(w, x, b)
+    value, (gw, gx, gb) = loss.value_and_grad(w, x, b, argnums=(0, 1, 2))
 """
 import os as _os
 import sys as _sys

@@ -122,10 +122,9 @@ class Traced:
                 raise
             raise filtered(exc)
 
-    def _argnums(self, argnums: int | Sequence[int] | None, nargs: int) -> tuple[list[int], Callable[[list], Any]]:
-        """Normalise argnums; returns the positions and how to shape the gradient result."""
-        if argnums is None:
-            return list(range(nargs)), tuple
+    def _argnums(self, argnums: int | Sequence[int], nargs: int) -> tuple[list[int], Callable[[list], Any]]:
+        """Normalise argnums (never None: `value_and_grad` made it 0); returns the positions and how to shape the
+        gradient result: one gradient for an int, a tuple for a sequence, as `jg.grad` and JAX."""
         for a in [argnums] if isinstance(argnums, int) else argnums:
             if not -nargs <= int(a) < nargs:
                 raise InputError(f"{self.name}: argnums {a} is out of range for {nargs} argument(s)")
@@ -133,11 +132,11 @@ class Traced:
             return [argnums % nargs], lambda g: g[0]
         return [int(a) % nargs for a in argnums], tuple
 
-    def _check_grad_args(self, plan: Plan, positions: Sequence[int], explicit: bool) -> None:
+    def _check_grad_args(self, plan: Plan, positions: Sequence[int]) -> None:
         for i in positions:  # in range: `_argnums` checked
             structure = plan.signature.structures[i]
             leaves = [plan.signature.avals[k] for k in plan.leaf_ranges[i]]
-            if explicit and (structure == "static" or not any(a.is_float for a in leaves)):
+            if structure == "static" or not any(a.is_float for a in leaves):
                 what = "a static argument" if structure == "static" else \
                     f"of dtype {leaves[0].dtype}" if len(leaves) == 1 else "without float leaves"
                 raise InputError(f"{self.name}: cannot differentiate with respect to argument {i}, which is {what}; "
@@ -156,11 +155,15 @@ class Traced:
 
     def value_and_grad(self, *args: Any, argnums: int | Sequence[int] | None = None, argnames: Any = None,
                        has_aux: bool = False, **kwargs: Any) -> tuple[Any, Any]:
-        """The scalar output and its gradient, computed by one fused forward+backward program. Gradients come
-        in each argument's own structure (a dict of parameters gives a dict of gradients). With
-        `has_aux=True` the function returns (loss, aux): the result is ((loss, aux), grads)."""
+        """The scalar output and its gradient, computed by one fused forward+backward program. The gradient's
+        structure follows `jg.grad` and JAX: with respect to argument 0 by default (one gradient); an int
+        `argnums` gives one gradient, a tuple `argnums=(0, 1, ...)` a tuple of them; `argnames` picks arguments
+        by parameter name. Gradients come in each argument's own structure (a dict of parameters gives a dict
+        of gradients). With `has_aux=True` the function returns (loss, aux): the result is ((loss, aux), grads)."""
         try:  # `api_boundary` inlined, as in __call__
             argnums = self.arguments.positions(argnums, argnames)
+            if argnums is None:
+                argnums = 0  # JAX's default, and jg.grad's (not every argument: write argnums=(0, 1, ...))
             if isinstance(argnums, list):
                 argnums = tuple(argnums)  # a key of the compiled programs and the repeat-call table
             call = self._call(args, kwargs)
@@ -216,14 +219,15 @@ class Traced:
     def _value_and_grad_program(self, plan: Plan, argnums: int | Sequence[int] | None, has_aux: bool) -> tuple:
         self._scalar_output(plan, "value_and_grad", has_aux)
         positions, shape_result = self._argnums(argnums, len(plan.signature.structures))
-        self._check_grad_args(plan, positions, argnums is not None)
+        self._check_grad_args(plan, positions)
         return plan.value_and_grad(plan.differentiable(positions), has_aux), positions, shape_result
 
     @api_boundary
     def grad(self, *args: Any, argnums: int | Sequence[int] | None = None, argnames: Any = None,
              has_aux: bool = False, **kwargs: Any) -> Any:
-        """Gradient of the scalar output: a tuple over all arguments (None where not differentiable), or one
-        gradient for an int `argnums`; each in its argument's structure. With `has_aux`, (grads, aux)."""
+        """Gradient of the scalar output with respect to argument 0 (JAX's and `jg.grad`'s default): one gradient
+        for an int `argnums`, a tuple for `argnums=(0, 1, ...)`; each in its argument's structure. With
+        `has_aux`, (grads, aux)."""
         (value, grads) = self.value_and_grad(*args, argnums=argnums, argnames=argnames, has_aux=has_aux, **kwargs)
         return (grads, value[1]) if has_aux else grads
 

@@ -53,7 +53,7 @@ n = int(os.environ.get("JG_N", "300000"))
 rng = np.random.default_rng(0)
 w, x, b = (rng.random(n).astype(np.float32) for _ in range(3))
 f = jg.trace(loss)
-value, grads = f.value_and_grad(w, x, b)
+value, grads = f.value_and_grad(w, x, b, argnums=(0, 1, 2))
 forward = f(w, x, b)
 w64, x64, b64 = (a.astype(np.float64) for a in (w, x, b))
 e = np.exp(w64 * x64 + b64) * 2

@@ -45,7 +45,7 @@ def test_global_array_rebound_and_updated() -> None:
     assert value == pytest.approx(np.sum(np.tanh(X @ GLOBAL_W)))
     GLOBAL_W = GLOBAL_W * 0.5
     for _ in range(3):  # the repeat-call fast path reads it too
-        value, (grad,) = f.value_and_grad(X)
+        value, grad = f.value_and_grad(X)
         assert value == pytest.approx(np.sum(np.tanh(X @ GLOBAL_W)))
         np.testing.assert_allclose(grad, (1 - np.tanh(X @ GLOBAL_W) ** 2) @ GLOBAL_W.T, rtol=1e-12)
     GLOBAL_W += 1.0
@@ -277,11 +277,11 @@ def test_an_array_read_only_in_a_function_backward_is_read_at_every_call() -> No
     f = jg.trace(lambda x: np.sum(ScaleBackward.apply(x)))
     assert f(np.ones(3)) == 3.0  # traced before any gradient: backward runs later, when differentiated
     SCALE_BY[:] = 5.0
-    np.testing.assert_array_equal(f.grad(np.ones(3))[0], [5.0, 5.0, 5.0])
+    np.testing.assert_array_equal(f.grad(np.ones(3)), [5.0, 5.0, 5.0])
     SCALE_BY[:] = 3.0
-    np.testing.assert_array_equal(f.grad(np.ones(3))[0], [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(f.grad(np.ones(3)), [3.0, 3.0, 3.0])
     SCALE_BY = np.full(3, 7.0)  # rebound
-    np.testing.assert_array_equal(f.grad(np.ones(3))[0], [7.0, 7.0, 7.0])
+    np.testing.assert_array_equal(f.grad(np.ones(3)), [7.0, 7.0, 7.0])
     SCALE_BY = np.full(3, 2.0)
 
 
@@ -308,12 +308,12 @@ def test_backward_reads_with_unmaterialized_gradients_and_second_order() -> None
     only_second = jg.trace(lambda x: np.sum(Two.apply(x)[1]))
     both = jg.trace(lambda x: np.sum(jg.grad(lambda y: np.sum(Two.apply(y)[0]))(x) ** 2))
     x = np.array([1.0, 3.0])
-    np.testing.assert_array_equal(only_second.grad(x)[0], weights["second"])
+    np.testing.assert_array_equal(only_second.grad(x), weights["second"])
     weights["second"][:] = [4.0, 5.0]
     weights["first"][:] = [3.0, 1.0]
-    np.testing.assert_array_equal(only_second.grad(x)[0], [4.0, 5.0])
+    np.testing.assert_array_equal(only_second.grad(x), [4.0, 5.0])
     # d/dx sum((2 x w)^2) = 8 x w^2, with w read at this call
-    np.testing.assert_allclose(both.grad(x)[0], 8 * x * weights["first"] ** 2)
+    np.testing.assert_allclose(both.grad(x), 8 * x * weights["first"] ** 2)
 
 
 def test_an_interrupt_while_the_trace_puts_captured_arrays_back_still_puts_them_all_back() -> None:

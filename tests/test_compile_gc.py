@@ -51,7 +51,7 @@ def test_collector_off_while_a_kernel_compiles_and_on_after(probe) -> None:
     builds = compiler.stats()["builds"]
     f = jg.trace(lambda x: np.sum(np.arcsinh(x) * x))
     x = np.linspace(0, 1, 50, dtype=np.float32)
-    value, (grad,) = f.value_and_grad(x)
+    value, grad = f.value_and_grad(x)
     assert compiler.stats()["builds"] > builds
     assert probe.enabled_at_start and not any(probe.enabled_at_start)
     assert gc.isenabled()
@@ -116,7 +116,7 @@ def test_collector_off_while_tracing_and_on_after_a_trace_error() -> None:
 
     f = jg.trace(loss)
     x = np.linspace(-1, 1, 16)
-    value, (grad,) = f.value_and_grad(x)
+    value, grad = f.value_and_grad(x)
     assert seen == [False] and gc.isenabled()
     np.testing.assert_allclose(grad, np.cos(x) * x + np.sin(x), rtol=1e-12)
 
@@ -150,7 +150,7 @@ def test_a_traced_cycle_is_collected_by_the_closing_pass() -> None:
 def test_function_passes_skipped_in_kernel_compiles_only(probe) -> None:
     f = jg.trace(lambda x: np.sum(np.tanh(x) * np.log1p(x * x)))
     x = np.linspace(0.1, 1, 77, dtype=np.float32)
-    value, (grad,) = f.value_and_grad(x)
+    value, grad = f.value_and_grad(x)
     assert probe.depth_at_kernels and min(probe.depth_at_kernels) >= 1
     assert function_passes.depth() == 0
 

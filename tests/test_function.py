@@ -73,7 +73,7 @@ def test_function_fuses_with_its_neighbours(x23) -> None:
     assert "4 ops: mul maximum add reduce_sum" in explained  # GuidedReLU's maximum sits between mul and add
     value, grad = loss.value_and_grad(x23)
     assert value == pytest.approx(np.sum(np.maximum(x23 * 2, 0) + 1), rel=1e-15)
-    np.testing.assert_array_equal(grad[0], 2.0 * (x23 > 0))
+    np.testing.assert_array_equal(grad, 2.0 * (x23 > 0))
 
 
 def test_apply_outside_a_trace_runs_forward_on_numpy(x23) -> None:
@@ -253,7 +253,7 @@ def test_nested_functions_and_grad_inside_a_traced_function() -> None:
 
     x = np.linspace(-1, 1, 4)
     assert gradient_norm(x) == pytest.approx(np.sum(4 * np.exp(2 * x)) + np.sum(np.exp(x)), rel=1e-14)
-    (gx,) = gradient_norm.grad(x)
+    gx = gradient_norm.grad(x)
     np.testing.assert_allclose(gx, 8 * np.exp(2 * x) + np.exp(x), rtol=1e-14)
 
 

@@ -53,13 +53,13 @@ def test_large_inputs_answer_serially_while_the_parallel_kernel_compiles_in_the_
     f = jg.trace(unusual)
     w, x, b = _wxb(200_000)
     e = np.exp(w.astype(np.float64) * x + b) * np.arctan(x.astype(np.float64)) * 3
-    first = f.value_and_grad(w, x, b)  # the serial variant answers; the parallel one compiles in a thread
+    first = f.value_and_grad(w, x, b, argnums=(0, 1, 2))  # the serial variant answers; the parallel one compiles in a thread
     (exe, *_), = [v for k, v in f.plan(w, x, b).executables.items() if k[0] == "value_and_grad"]
     (call,) = [c for c in exe.calls if hasattr(c, "chooser")]
     assert call.chooser.choice is None and not call.chooser.timings["parallel_kernel"]
     compiler.wait_for_background_compiles()
     assert "parallel_kernel" not in call.compiled.failed
-    runs = [f.value_and_grad(w, x, b) for _ in range(8)]  # both variants are timed, then one is kept
+    runs = [f.value_and_grad(w, x, b, argnums=(0, 1, 2)) for _ in range(8)]  # both variants are timed, then one is kept
     assert len(call.chooser.timings["parallel_kernel"]) == len(call.chooser.timings["serial_kernel"]) == 3
     for value, grads in [first, *runs]:
         assert np.isclose(value, np.sum(e), rtol=1e-6)
@@ -148,9 +148,9 @@ def test_variant_chooser_re_times_both_variants_when_the_load_changes() -> None:
 def test_serial_and_parallel_variants_give_identical_numbers() -> None:
     f = jg.trace(loss)
     w, x, b = _wxb(300_000)
-    results = [f.value_and_grad(w, x, b)]  # serial, while the parallel variant compiles
+    results = [f.value_and_grad(w, x, b, argnums=(0, 1, 2))]  # serial, while the parallel variant compiles
     compiler.wait_for_background_compiles()
-    results += [f.value_and_grad(w, x, b) for _ in range(6)]  # both variants run while being timed
+    results += [f.value_and_grad(w, x, b, argnums=(0, 1, 2)) for _ in range(6)]  # both variants run while being timed
     for value, grads in results[1:]:
         assert value == results[0][0]
         for g, g0 in zip(grads, results[0][1]):

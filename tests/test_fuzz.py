@@ -143,7 +143,7 @@ def test_random_programs_match_the_reference(program: Program, seed: int) -> Non
     _close(out, program.run(x0, x1), rtol, f"forward vs numpy\n{program}")
 
     traced_loss = jg.trace(loss)
-    value, grads = traced_loss.value_and_grad(x0, x1)
+    value, grads = traced_loss.value_and_grad(x0, x1, argnums=(0, 1))
     plan = traced_loss.plan(x0, x1)
     graph = plan.graph  # its inputs: a, b, then `weights`, which the loss reads from its closure
     joint = with_unit_cotangent(joint_vjp_graph(graph, [0, 1]), len(graph.inputs))

@@ -18,7 +18,7 @@ SMOKE = """
 import numpy as np, jitgrad as jg
 f = jg.trace(lambda w, x: np.sum(np.tanh(w * x) + np.exp(-x)) + np.concatenate([w, x]).mean())
 w, x = np.ones(5), np.linspace(0, 1, 5)
-value, (gw, gx) = f.value_and_grad(w, x)
+value, (gw, gx) = f.value_and_grad(w, x, argnums=(0, 1))
 assert np.isclose(value, np.sum(np.tanh(w * x) + np.exp(-x)) + np.concatenate([w, x]).mean())
 assert np.allclose(gw, x * (1 - np.tanh(w * x) ** 2) + 0.1)
 import numba

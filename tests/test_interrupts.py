@@ -82,7 +82,7 @@ SCRIPT = textwrap.dedent("""
     except KeyboardInterrupt:
         interrupted = True
     start = time.perf_counter()
-    value, grads = f.value_and_grad(W, x, b)
+    value, grads = f.value_and_grad(W, x, b, argnums=(0, 1, 2))
     second = time.perf_counter() - start
     ref_value, ref_grads = reference(W, x, b)
     right = bool(np.allclose(value, ref_value) and all(np.allclose(g, r) for g, r in zip(grads, ref_grads)

@@ -66,7 +66,7 @@ def test_clear_cache_drops_plans_and_buffers() -> None:
     assert buffers.budget.held > 0
     f.clear_cache()
     assert f.cache_info()["entries"] == 0
-    value, (grad,) = f.value_and_grad(x)
+    value, grad = f.value_and_grad(x)
     np.testing.assert_allclose(grad, np.cos(x) * x + np.sin(x))
     jg.clear_caches()
     assert buffers.budget.held == 0 and f.cache_info()["entries"] == 0
@@ -79,7 +79,7 @@ def test_pooled_bytes_respect_the_limit(monkeypatch) -> None:
     for n in (100_000, 120_000, 140_000, 160_000):  # 0.8-1.3 MB gradients: at most about two fit
         x = np.linspace(0, 1, n)
         for _ in range(3):
-            value, (grad,) = f.value_and_grad(x)
+            value, grad = f.value_and_grad(x)
             np.testing.assert_allclose(grad, np.exp(x) * (x + 1), rtol=1e-12)
         assert buffers.budget.held <= 2 * 2**20
     monkeypatch.setenv("JITGRAD_BUFFER_POOL_MB", "0")
@@ -173,3 +173,77 @@ def test_matmul_into_pooled_buffers_gives_numpys_bits(shapes) -> None:
         expected = np.matmul(a, b)
     assert all(np.array_equal(k, expected) for k in kept)
     assert len({id(k if k.base is None else k.base) for k in kept}) == 3
+
+
+def test_outputs_of_different_sizes_share_bins() -> None:
+    """A chain whose intermediates alternate between two sizes (and two dtypes): values whose lifetimes do not
+    overlap share a bin whatever their size or dtype, so the pool holds about the three values live at once."""
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((256, 128)) / 16, rng.standard_normal((128, 256)) / 16
+
+    def chain(x):
+        for _ in range(10):
+            x = np.tanh(np.tanh(x @ w1).astype(np.float32).astype(np.float64) @ w2)
+        return np.sum(x)
+
+    jg.clear_caches()
+    f = jg.trace(chain)
+    x = rng.standard_normal((256, 256))
+    for _ in range(3):
+        value = f(x)
+    assert value == pytest.approx(chain(x), rel=1e-12)
+    assert buffers.budget.held <= 4 * 256 * 256 * 8, f"{buffers.budget.held / 2**20:.1f} MB pooled"
+
+
+def test_assign_bins_shares_by_lifetime_largest_first() -> None:
+    """(bytes, first step, last step): disjoint lifetimes share a bin as large as its largest value; overlapping
+    ones do not; a value that outlives the call (None) has a bin of its own."""
+    values = [(100, 0, 1), (50, 2, 3), (100, 1, 2), (80, 4, 5), (10, 0, None), (100, 6, 7)]
+    bins, sizes = buffers.assign_bins(values)
+    assert bins[0] == bins[1] == bins[3] == bins[5] and bins[2] != bins[0] and bins[4] not in bins[:4] + bins[5:]
+    assert sorted(sizes) == [10, 100, 100]
+
+
+def test_values_still_held_are_never_overwritten() -> None:
+    """Residuals a Context keeps, results kept from earlier calls and views of them keep their numbers while
+    later calls reuse the pool's bins."""
+    f = jg.trace(lambda a, b: np.sum(np.tanh(a @ b) * np.exp(a @ b)))
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((256, 256)), rng.standard_normal((256, 256)) / 16
+    expected = f.value_and_grad(a, b, argnums=(0, 1))
+    contexts = [f.forward(a, b) for _ in range(3)]
+    kept = [f.value_and_grad(a, b, argnums=(0, 1)) for _ in range(3)]
+    views = [g[0][1:] for _, g in kept]
+    for _ in range(3):
+        f.value_and_grad(a + 1, b, argnums=(0, 1))
+    for value, grads in kept:
+        assert value == expected[0] and all(np.array_equal(g, e) for g, e in zip(grads, expected[1]))
+    assert all(np.array_equal(v, expected[1][0][1:]) for v in views)
+    for out, ctx in contexts:
+        assert out == expected[0]
+        grads = f.backward(ctx, 1.0)
+        assert all(np.array_equal(g, e) for g, e in zip(grads, expected[1]))
+
+
+def test_a_gradient_summed_over_steps_adds_each_term_as_it_comes() -> None:
+    """An unrolled RNN's weight gradient is the sum of one matmul per step: the terms are added as they come
+    (pairwise, in the same order, so the same numbers), not all kept until the last one exists."""
+    rng = np.random.default_rng(4)
+    steps, hidden = 16, 128
+    xs, wh = rng.standard_normal((steps, 64, hidden)), rng.standard_normal((hidden, hidden)) / 16
+
+    def rnn(xs, wh):
+        h = np.zeros((64, hidden))
+        for t in range(steps):
+            h = np.tanh(xs[t] + h @ wh)
+        return np.sum(h * h)
+
+    jg.clear_caches()
+    f = jg.trace(rnn)
+    for _ in range(3):
+        value, (grad,) = f.value_and_grad(xs, wh, argnums=(1,))
+    eps, d = 1e-6, np.zeros_like(wh)
+    d[3, 5] = eps
+    assert grad[3, 5] == pytest.approx((rnn(xs, wh + d) - rnn(xs, wh - d)) / (2 * eps), rel=1e-5)
+    # two residuals of 64 KB per step and a few gradient terms of 128 KB (4.1 MB when all 16 terms were kept)
+    assert buffers.budget.held <= 2 * steps * 64 * hidden * 8 + 8 * hidden * hidden * 8, buffers.budget.held

@@ -60,7 +60,7 @@ def test_a_batch_times_a_weight_matrix_is_one_gemm_and_so_is_its_gradient() -> N
     plan = jg.trace(lambda x, w: np.sum(np.tanh(x @ w))).plan(x, w)
     products = matmul_steps(programs.value_and_grad_graph(plan.graph, [0, 1]))
     assert products and all(len(e.inputs[0].aval.shape) == 2 and len(e.inputs[1].aval.shape) == 2 for e in products)
-    _, (gx, gw) = jg.trace(lambda x, w: np.sum(np.tanh(x @ w))).value_and_grad(x, w)
+    _, (gx, gw) = jg.trace(lambda x, w: np.sum(np.tanh(x @ w))).value_and_grad(x, w, argnums=(0, 1))
     np.testing.assert_allclose(gw, np.einsum("btk,btn->kn", x, 1 - np.tanh(x @ w) ** 2), rtol=1e-5)
 
 

@@ -8,7 +8,7 @@ import jitgrad as jg
 
 def test_linear_gradients_at_w2_x1_b3() -> None:
     loss = jg.trace(lambda w, x, b: np.sum(w * x + b))
-    value, (gw, gx, gb) = loss.value_and_grad(np.float32(2.0), np.float32(1.0), np.float32(3.0))
+    value, (gw, gx, gb) = loss.value_and_grad(np.float32(2.0), np.float32(1.0), np.float32(3.0), argnums=(0, 1, 2))
     assert value == 5.0
     assert (gw, gx, gb) == (1.0, 2.0, 1.0)
 
@@ -27,7 +27,7 @@ def test_mean_of_3_times_x_plus_2_squared() -> None:
         return z.mean()
 
     assert out(np.ones((2, 2), np.float32)) == 27.0
-    (gx,) = out.grad(np.ones((2, 2), np.float32))
+    gx = out.grad(np.ones((2, 2), np.float32))
     np.testing.assert_array_equal(gx, np.full((2, 2), 4.5, np.float32))
 
 
@@ -40,7 +40,7 @@ def test_vector_jacobian_product_of_2x() -> None:
 
 def test_chain_of_products_at_2_3_4() -> None:
     e = jg.trace(lambda a, b, d: (a * b) * d)
-    assert e.grad(np.float64(2.0), np.float64(3.0), np.float64(4.0)) == (12.0, 8.0, 6.0)
+    assert e.grad(np.float64(2.0), np.float64(3.0), np.float64(4.0), argnums=(0, 1, 2)) == (12.0, 8.0, 6.0)
 
 
 def test_only_requested_input_gets_gradient() -> None:

@@ -34,7 +34,7 @@ X, W, B = np.float32(1.0), np.float32(2.0), np.float32(3.0)
 def test_mul_forward_is_5_and_gradients_2_1_1() -> None:
     assert Mul.apply(W, X, B) == 5.0  # y = 2*1 + 3 (eager)
     loss = jg.trace(lambda w, x, b: np.sum(Mul.apply(w, x, b)))
-    value, (gw, gx, gb) = loss.value_and_grad(W, X, B)  # loss.backward()
+    value, (gw, gx, gb) = loss.value_and_grad(W, X, B, argnums=(0, 1, 2))  # loss.backward()
     assert value == 5.0
     assert (gx, gw, gb) == (2.0, 1.0, 1.0)  # x.grad, w.grad, b.grad
 

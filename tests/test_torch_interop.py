@@ -41,7 +41,7 @@ def test_traced_functions_take_tensors_and_return_tensors_of_their_dtype() -> No
     f = jg.trace(lambda x, w: np.sum(np.exp(x) * w))
     x = torch.linspace(-1, 1, 7, requires_grad=True)  # float32, and requiring grad: detached, not copied
     w = torch.arange(7.0)
-    value, (gx, gw) = f.value_and_grad(x, w)
+    value, (gx, gw) = f.value_and_grad(x, w, argnums=(0, 1))
     assert isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.shape == ()
     assert isinstance(gx, torch.Tensor) and gx.dtype == torch.float32
     torch.testing.assert_close(gx, torch.exp(x.detach()) * w)

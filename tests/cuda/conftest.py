@@ -41,8 +41,9 @@ def agree(fn: Callable[..., Any], *args: Any, grad: bool = False, on_device: boo
     gpu, cpu = jg.trace(fn, device="cuda"), jg.trace(fn)
     dev_args = [cuda.to_device(a) if on_device and isinstance(a, np.ndarray) else a for a in args]
     if grad:
-        value, grads = gpu.value_and_grad(*dev_args)
-        want_value, want_grads = cpu.value_and_grad(*args)
+        every = tuple(range(len(args)))
+        value, grads = gpu.value_and_grad(*dev_args, argnums=every)
+        want_value, want_grads = cpu.value_and_grad(*args, argnums=every)
         assert_close(value, want_value)
         for g, w in zip(grads, want_grads):
             assert_close(g, w)

@@ -28,9 +28,9 @@ def test_torch_cuda_tensors_in_and_tensor_views_out(rng, device_stats) -> None:
         pytest.skip("this torch has no CUDA")
     arrays = [rng.random(300, dtype=np.float32) for _ in range(3)]
     before = device_stats()["host_to_device_copies"]
-    value, grads = jg.trace(loss, device="cuda").value_and_grad(*(torch.from_numpy(a).cuda() for a in arrays))
+    value, grads = jg.trace(loss, device="cuda").value_and_grad(*(torch.from_numpy(a).cuda() for a in arrays), argnums=(0, 1, 2))
     assert device_stats()["host_to_device_copies"] == before
-    want_value, want_grads = jg.trace(loss).value_and_grad(*arrays)
+    want_value, want_grads = jg.trace(loss).value_and_grad(*arrays, argnums=(0, 1, 2))
     np.testing.assert_allclose(value.copy_to_host(), want_value, rtol=2e-5)
     view = torch.as_tensor(grads[0], device="cuda")
     assert view.data_ptr() == _pointer(grads[0])
