@@ -83,13 +83,6 @@ def batch_inline(graph: Graph, args: Sequence[Any], dims: Sequence[int | None], 
 
 
 def _no_rule(e: Any) -> str:
-    call = e.params.get("_call")
-    if call is not None and hasattr(call, "function"):
-        name = call.function.__name__
-        return (f"jg.vmap: the custom Function {name}{_site(e)} has no batching rule: vmap does not map a "
-                f"jg.Function's forward and backward over a batch. Take the per-example function out of the vmap "
-                f"(vmap a function that calls {name}.apply on the whole batch, if its forward and backward work on "
-                f"batches), or write {name} with jitgrad ops instead of a Function")
     return (f"jg.vmap: the op {e.prim.name!r}{_site(e)} has no batching rule, so it cannot be mapped over a batch "
             f"(vmap never loops over the batch); call it outside the vmap, or on the whole batch")
 

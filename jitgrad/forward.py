@@ -19,6 +19,7 @@ from .api import Traced
 from .arguments import arg_aval
 from .autodiff import inline_graph, joint_vjp_graph, zeros
 from .errors import InputError
+from .function_transforms import swap_user_jvps  # also declares custom Functions' batching rules
 from .ir import Aval, Graph
 from .tracebacks import api_boundary
 from .tracing import Builder, Tracer, building
@@ -32,8 +33,9 @@ _MAX_PROGRAMS = 64
 
 def jvp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
     """Graph (inputs..., a tangent per `wrt` input...) -> (outputs..., a tangent per float output...): the VJP of
-    the (linear) pullback at cotangent zero, applied to the tangents."""
-    joint = joint_vjp_graph(graph, wrt)
+    the (linear) pullback at cotangent zero, applied to the tangents. A custom Function with a `jvp` static method
+    gets its JVP from it (`function_transforms`)."""
+    joint = joint_vjp_graph(swap_user_jvps(graph, True), wrt)
     n_in, outs = len(graph.inputs), graph.outputs
     second = joint_vjp_graph(joint, [n_in + k for k, o in enumerate(outs) if o.aval.is_float])
     builder = Builder(parent=None)
@@ -42,7 +44,7 @@ def jvp_graph(graph: Graph, wrt: Sequence[int]) -> Graph:
         tangents = [builder.new_input(graph.inputs[i].aval, f"tangent_{graph.input_names[i]}") for i in wrt]
         at_zero = [zeros(o.aval) for o in outs]  # the cotangent u = 0, and no cotangent on the outputs
         results = inline_graph(second, primals + at_zero + at_zero + tangents)
-        return builder.graph(results[:len(outs)] + results[len(outs) + len(wrt):])[0]
+        return swap_user_jvps(builder.graph(results[:len(outs)] + results[len(outs) + len(wrt):])[0], False)
 
 
 def _leaf_name(flat: FlatArguments, i: int, j: int) -> str:

@@ -20,18 +20,15 @@ from . import captures
 from . import lax as L
 from .autodiff import inline_graph, joint_vjp_graph, zeros
 from .errors import FunctionError, TraceError
+from .function_checks import checked_gradients, is_array
 from .ir import Aval, Eqn, Graph, Var, iter_vars
 from .primitive import Kind, Primitive, declare, stop_gradient_p
 from .traces import trace_to_graph
 from .tracing import Builder, CapturedTracer, Tracer, bind, builder_aval, current_builder, where_text
 from .trees import flatten_output, unflatten_output
 
-_ARRAY_TYPES = (Tracer, np.ndarray, np.generic)
-_INTERNAL = ("_jg_function", "_jg_saved", "_jg_non_differentiable", "_jg_materialize", "needs_input_grad")
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, _ARRAY_TYPES)
+_INTERNAL = ("_jg_function", "_jg_saved", "_jg_saved_forward", "_jg_non_differentiable", "_jg_materialize",
+             "needs_input_grad")
 
 
 class FunctionCtx:
@@ -41,6 +38,7 @@ class FunctionCtx:
     def __init__(self, function: type, needs_input_grad: tuple[bool, ...]):
         self._jg_function = function
         self._jg_saved: tuple[Any, ...] = ()
+        self._jg_saved_forward: tuple[Any, ...] | None = None
         self._jg_non_differentiable: list[Any] = []
         self._jg_materialize = True
         self.needs_input_grad = needs_input_grad
@@ -62,16 +60,22 @@ class FunctionCtx:
                             f"inside a trace, so forward cannot modify an input in place: compute and return a "
                             f"new array instead, and drop the mark_dirty call{where_text()}")
 
-    def save_for_backward(self, *values: Any) -> None:
+    def save_for_backward(self, *values: Any, _method: str = "save_for_backward") -> None:
         """Keep arrays (inputs, outputs or intermediates of forward; None allowed) for backward."""
         for i, v in enumerate(values):
-            if v is not None and not _is_array(v):
+            if v is not None and not is_array(v):
                 name = self._jg_function.__name__
                 raise FunctionError(
-                    f"{name}.forward: ctx.save_for_backward got a {type(v).__name__} as value {i}; only arrays "
+                    f"{name}.forward: ctx.{_method} got a {type(v).__name__} as value {i}; only arrays "
                     f"(and None) can be saved. Keep other values as ctx attributes, e.g. ctx.value = value"
                     f"{where_text()}")
         self._jg_saved = values
+
+    def save_for_forward(self, *values: Any) -> None:
+        """As torch's: keep arrays for `jvp`, where `ctx.saved_tensors` gives them (else the backward's)."""
+        kept = self._jg_saved
+        self.save_for_backward(*values, _method="save_for_forward")
+        self._jg_saved_forward, self._jg_saved = self._jg_saved, kept
 
     @property
     def saved_tensors(self) -> tuple[Any, ...]:
@@ -105,6 +109,8 @@ class FunctionCall:
     # per array, the path keys that led to it and the array the trace saw (`captures.substituted_as_traced`).
     backward_paths: tuple[tuple[tuple, ...], ...] = ()
     backward_arrays: tuple[np.ndarray, ...] = ()
+    forward_slots: tuple[int | None, ...] | None = None  # as saved_slots, for ctx.save_for_forward (None: not called)
+    constants: tuple[Any, ...] = ()  # per forward argument: what was given where it is not an array, else None
 
     def __repr__(self) -> str:
         return f"FunctionCall({self.function.__name__})"
@@ -154,7 +160,7 @@ def _function_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *
     by_path = {key: v for keys, v in zip(call.backward_paths, read) for key in keys}
     with captures.substituted_as_traced(fn.backward, by_path, {id(a): v for a, v in zip(call.backward_arrays, read)}):
         returned = fn.backward(_backward_ctx(call, outs[n:]), *grad_outputs)
-    grads = _checked_gradients(call, returned, ins[:n_body])
+    grads = checked_gradients(call, returned, ins[:n_body])
     in_cts: list[Any] = [None] * len(ins)
     for slot, g in zip(call.input_slots, grads):
         if slot is not None and g is not None:
@@ -203,46 +209,6 @@ def _backward_reads(call: FunctionCall, builder: Builder) -> list[CapturedTracer
 
 
 custom_function_p = declare(FunctionPrimitive("custom_function", Kind.CALL, _output_avals, _evaluate, _function_vjp))
-
-
-def _defined_at(method: Callable[..., Any]) -> str:
-    code = getattr(method, "__code__", None)
-    return f"\n  {method.__qualname__} is defined at {code.co_filename}:{code.co_firstlineno}" if code else ""
-
-
-def _checked_gradients(call: FunctionCall, returned: Any, ins: Sequence[Any]) -> list[Any]:
-    """One gradient per forward argument, checked: count, array-ness, shape and dtype."""
-    fn = call.function
-    name = fn.__name__
-    where = _defined_at(fn.backward)
-    grads = list(returned) if isinstance(returned, (tuple, list)) else [returned]
-    n_inputs = len(call.input_slots)
-    if len(grads) < call.n_given or any(g is not None for g in grads[n_inputs:]):
-        args = ", ".join(call.input_names[:call.n_given])
-        raise FunctionError(f"{name}.backward returned {len(grads)} gradient(s), but {name}.apply was given "
-                            f"{call.n_given} input(s) ({args}); return one gradient per input, None for an "
-                            f"input that has none{where}")
-    grads = grads[:n_inputs] + [None] * (n_inputs - len(grads))
-    for k, (g, slot) in enumerate(zip(grads, call.input_slots)):
-        if g is None:
-            continue
-        what = f"{name}.backward: gradient {k} (for input {call.input_names[k]!r})"
-        if slot is None:
-            raise FunctionError(f"{what} is not None, but that input is not an array and cannot have a gradient; "
-                                f"return None there{where}")
-        want = builder_aval(ins[slot])
-        if not want.is_float:
-            grads[k] = None  # an integer or bool input has no gradient; what backward returns for it is unused
-            continue
-        if not _is_array(g):
-            raise FunctionError(f"{what} is a {type(g).__name__}, not an array{where}")
-        got = builder_aval(g)
-        if got.shape != want.shape:
-            raise FunctionError(f"{what} has shape {got.shape}, but the input has shape {want.shape}{where}")
-        if got.dtype != want.dtype and not (want.weak and got.is_float):
-            raise FunctionError(f"{what} has dtype {got.dtype}, but the input is {want.dtype}; a gradient has "
-                                f"its input's dtype (cast with .astype(np.{want.dtype.name})){where}")
-    return grads
 
 
 def _inputs_reaching(graph: Graph) -> set[Var]:
@@ -339,7 +305,7 @@ class Function:
         evaluated directly on numpy arrays outside one."""
         _check_protocol(cls)
         arguments = _bind_arguments(cls, args, kwargs)
-        needs = tuple(_is_array(v) and builder_aval(v).is_float for v in arguments.values)
+        needs = tuple(is_array(v) and builder_aval(v).is_float for v in arguments.values)
         builder = current_builder() or next((v.builder for v in arguments.values if isinstance(v, Tracer)), None)
         ctx = FunctionCtx(cls, needs)
         if builder is None:
@@ -361,7 +327,7 @@ def _record(cls: type, arguments: _Arguments, ctx: FunctionCtx, builder: Builder
     """Trace forward in a child builder and record one custom_function equation in `builder`'s trace."""
     name = cls.__name__
     values = arguments.values
-    array_positions = [k for k, v in enumerate(values) if _is_array(v)]
+    array_positions = [k for k, v in enumerate(values) if is_array(v)]
     structure: dict[str, Any] = {}
 
     def traced_forward(*arrays: Any) -> list[Any]:
@@ -376,19 +342,22 @@ def _record(cls: type, arguments: _Arguments, ctx: FunctionCtx, builder: Builder
         marked = {id(v) for v in ctx._jg_non_differentiable}
         structure.update(tree=tree, n_outputs=len(leaves),
                          non_differentiable=frozenset(k for k, v in enumerate(leaves) if id(v) in marked))
-        return leaves + [v for v in ctx.saved_tensors if v is not None]
+        return leaves + [v for v in ctx.saved_tensors + (ctx._jg_saved_forward or ()) if v is not None]
 
     traced = trace_to_graph(traced_forward, [builder_aval(values[k]) for k in array_positions],
                             [arguments.names[k] for k in array_positions], parent=builder, reads_from=cls.forward)
     body, captured = traced.graph, traced.outer
     saved_slots, count = [], 0
-    for v in ctx.saved_tensors:
+    for v in ctx.saved_tensors + (ctx._jg_saved_forward or ()):
         saved_slots.append(None if v is None else count)
         count += v is not None
+    saved_slots, forward_slots = saved_slots[:len(ctx.saved_tensors)], saved_slots[len(ctx.saved_tensors):]
     call = FunctionCall(cls, body, structure["n_outputs"],
                         tuple(array_positions.index(k) if k in array_positions else None for k in range(len(values))),
                         tuple(arguments.names), arguments.n_given, ctx.needs_input_grad, tuple(saved_slots),
-                        ctx.attributes(), structure["non_differentiable"], ctx._jg_materialize)
+                        ctx.attributes(), structure["non_differentiable"], ctx._jg_materialize,
+                        forward_slots=None if ctx._jg_saved_forward is None else tuple(forward_slots),
+                        constants=tuple(None if k in array_positions else v for k, v in enumerate(values)))
     reads = _backward_reads(call, builder)
     if reads:
         call = replace(call, backward_paths=tuple(tuple(p.key for p in t.capture.paths) for t in reads),
