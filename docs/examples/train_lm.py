@@ -8,7 +8,9 @@ LayerNorm and an output layer tied to the token embeddings. Its parameters are o
 and a list of blocks); one `@jg.trace`d training step computes the loss, its gradient and the AdamW update
 of every parameter as a single compiled program. Run it from a checkout:
 
-    python docs/examples/train_lm.py                  # 600 steps, about a minute on 2 cores
+    python docs/examples/train_lm.py                  # 600 steps: about 40 s on 2 quiet cores with a warm
+                                                      # kernel cache; minutes on a cold cache or a busy machine
+                                                      # (docs/examples/README.md)
     python docs/examples/train_lm.py --quick          # 60 steps, seconds (what the test runs)
     python docs/examples/train_lm.py --steps 2000 --plot lm.png
 
