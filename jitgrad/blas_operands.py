@@ -29,8 +29,13 @@ def copied_views(steps: Sequence[LoopKernel | HostStep]) -> set[Var]:
             if readers[o] >= MIN_READERS and int(np.prod(o.aval.shape)) * o.aval.dtype.itemsize <= MAX_BYTES}
 
 
-def contiguous(impl: Callable[..., Any]) -> Callable[..., Any]:
-    """`impl` whose result is made C-contiguous (a copy where the view is strided)."""
+def contiguous(impl: Callable[..., Any], into: bool = False) -> Callable[..., Any]:
+    """`impl` whose result is made C-contiguous (a copy where the view is strided); `into`: always copied into
+    the `out=` array it is given (a pooled one)."""
     def copied(*args: Any, **params: Any) -> Any:
         return np.ascontiguousarray(impl(*args, **params))
-    return copied
+
+    def copied_into(*args: Any, out: np.ndarray, **params: Any) -> Any:
+        np.copyto(out, impl(*args, **params))
+        return out
+    return copied_into if into else copied

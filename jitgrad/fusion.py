@@ -31,6 +31,9 @@ MAX_COPY_BYTES = 1 << 20  # and the largest array it writes when a region read c
 # (an im2col), the kernel copies whole rows (CPU: `kernels.cpu.MAX_UNSWITCHED_LOOPS`) at any size
 MERGE_WINDOW = 256  # equations between two groups beyond which they are not merged: a forward value used far
 # later in the backward stays in its own kernel, and the cycle check only searches that window
+HELD_INPUTS, HELD_BYTES, HELD_SPREAD = 1, 1 << 16, 32  # a group reads at most one host result (a matmul's) of 64 KB
+# or more that only it reads, where such results are computed more than 32 equations apart: a weight's gradient
+# summed over time steps adds each step's term as it comes (the same adds, same order), not all at the end
 
 
 class _PrefixMax:
@@ -193,6 +196,12 @@ class _Grouping:
                 stack.extend(self.step_successors(g))
         return False
 
+    def holds_apart(self, inside: set[int], inputs: set[Any]) -> bool:
+        """Would a group of `inside` keep more than HELD_INPUTS large host results only it reads, computed far apart?"""
+        at = [j for x in inputs for j in [self.producer_index.get(x)] if j is not None and j not in self.group_of
+              and x.aval.nbytes >= HELD_BYTES and x not in self.escapes and self.readers.get(x, set()) <= inside]
+        return len(at) > HELD_INPUTS and max(at) - min(at) > HELD_SPREAD
+
     def lower(self, members: Sequence[int]) -> LoopKernel:
         eqns = [self.eqns[i] for i in sorted(members)]
         try:
@@ -207,9 +216,11 @@ class _Grouping:
         (lo_a, hi_a), (lo_b, hi_b) = self.span[a], self.span[b]
         if max(lo_a, lo_b) - min(hi_a, hi_b) > MERGE_WINDOW:
             return False
+        members = self.members[a] + self.members[b]
+        if self.holds_apart(set(members), self._inputs(a) | self._inputs(b)):
+            return False
         if self.reaches_indirectly(a, b) or self.reaches_indirectly(b, a):
             return False
-        members = self.members[a] + self.members[b]
         try:
             self.lower(members)
         except NotFusible:

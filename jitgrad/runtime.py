@@ -5,8 +5,8 @@ numba dispatcher (the serial variant for small domains; for large ones whichever
 parallel proved faster on the first calls), host steps
 call the primitive's numpy reference (BLAS for matmul, views for reshapes and slices). Outputs never alias
 inputs or each other: anything that would is copied. Kernel output buffers are recycled between
-calls, and within a call by later outputs of the same shape, only when nothing else still references
-them (`jitgrad.buffers`).
+calls, and within a call by later outputs whose lifetimes do not overlap (planned once), only when
+nothing else still references them (`jitgrad.buffers`).
 """
 from __future__ import annotations
 
@@ -275,8 +275,7 @@ class Executable:
                            for o in s.eqn.outs}
         self.copied = blas_operands.copied_views(program.steps)
         self.calls: list[_KernelCall | _HostCall] = [self._bind(s) for s in program.steps]
-        self.output_slots = [self._slot(a) for a in graph.outputs]
-        self.initial = self.table.initial
+        self.output_slots, self.initial = [self._slot(a) for a in graph.outputs], self.table.initial
         fresh = {i for c in self.calls if isinstance(c, _KernelCall) for i in c.outputs}
         fresh |= {i for c in self.calls if isinstance(c, _HostCall) and c.fresh for i in c.outputs}
         self.copy_output = outputs_to_copy(self.output_slots, fresh)
@@ -284,16 +283,20 @@ class Executable:
         self.sources = [c.compiled.source for c in self.calls if isinstance(c, _KernelCall)]
         released = release_after(self.table, [(c.inputs, c.outputs) for c in self.calls], self.output_slots)
         self.steps = list(zip(self.calls, released))
+        returned = [s for s, copy in zip(self.output_slots, self.copy_output) if not copy]  # outlive the call
+        self.buffers.plan([(c.inputs, c.outputs, c.buffers, isinstance(c, _HostCall) and not c.fresh)
+                           for c in self.calls], released, returned)
 
     def _bind(self, step: LoopKernel | HostStep) -> _KernelCall | _HostCall:
         if isinstance(step, HostStep):
             e = step.eqn
             out = e.outs[0].aval
-            site = self.buffers.site([out.shape], [out.dtype]) if e.prim.takes_out else None
-            impl = blas_operands.contiguous(e.prim.impl) if e.outs[0] in self.copied else e.prim.impl
+            copied = e.outs[0] in self.copied
+            site = self.buffers.site([out.shape], [out.dtype]) if e.prim.takes_out or copied else None
+            pooled = site is not None and site.pooled
+            impl = blas_operands.contiguous(e.prim.impl, into=pooled) if copied else e.prim.impl
             return _HostCall(impl, dict(e.params), [self._slot(a) for a in e.inputs],
-                             [self._slot(o) for o in e.outs], e.prim.fresh_output,
-                             site if site is not None and site.pooled else None)
+                             [self._slot(o) for o in e.outs], e.prim.fresh_output or pooled, site if pooled else None)
         compiled = compiler.load(cpu.module_source(step), VARIANTS)
         size = int(np.prod(step.domain, dtype=np.int64))
         site = self.buffers.site([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs])
