@@ -274,3 +274,13 @@ class OutputBuffers:
             return [np.empty(s, d) for s, d in zip(self.shapes, self.dtypes)]
         return [np.empty(s, d) if b is None else self.pool.take(b, mode, key[0], d, s)
                 for s, d, key, b, mode in zip(self.shapes, self.dtypes, self.keys, self.bins, self.modes)]
+
+
+def outputs_to_copy(output_slots: Sequence[int], fresh: set[int]) -> list[bool]:
+    """Which outputs must be copied so none aliases an input, a constant or another output."""
+    seen: set[int] = set()
+    copies = []
+    for s in output_slots:
+        copies.append(s not in fresh or s in seen)
+        seen.add(s)
+    return copies

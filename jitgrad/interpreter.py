@@ -21,7 +21,9 @@ def evaluate(graph: Graph, args: Sequence[Any]) -> list[np.ndarray]:
     def read(a: Atom) -> np.ndarray:
         return a.value if isinstance(a, Literal) else env[a]
 
-    for e in graph.eqns:
+    last_use = {a: i for i, e in enumerate(graph.eqns) for a in e.inputs if not isinstance(a, Literal)}
+    kept = {a for a in graph.outputs if not isinstance(a, Literal)}
+    for i, e in enumerate(graph.eqns):
         result = e.prim.impl(*[read(a) for a in e.inputs], **e.params)
         results = result if len(e.outs) > 1 else [result]
         for var, value in zip(e.outs, results):
@@ -29,4 +31,7 @@ def evaluate(graph: Graph, args: Sequence[Any]) -> list[np.ndarray]:
             if value.shape != var.aval.shape:
                 raise ValueError(f"{e.prim.name} produced shape {value.shape}, but the IR declares {var.aval}")
             env[var] = value
+        for a in e.inputs:  # a value no later equation reads is dropped: the peak is what is live at once
+            if last_use.get(a) == i and a not in kept:
+                env.pop(a, None)
     return [np.array(read(a), copy=True) for a in graph.outputs]

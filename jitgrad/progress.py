@@ -97,9 +97,16 @@ class FirstCall:
         if elapsed is not None:
             self._show("compiling", f"{ready} of {self.n} kernels ready, {elapsed:.1f} s")
 
+    def waiting(self, ready: int) -> None:
+        """While the call waits for its kernels compiling on other threads (after a numpy first call,
+        `first_call`): `ready` of `n` are built; due by time alone, as no build runs on this thread."""
+        elapsed = time.perf_counter() - self.start
+        if elapsed >= self.after:
+            self._show("compiling", f"{ready} of {self.n} kernels ready, {elapsed:.1f} s")
+
     def end(self, completed: bool) -> None:
         """The call finished (or raised): report the total, or end the terminal line, if anything was due."""
-        elapsed = self._due()
+        elapsed = time.perf_counter() - self.start if self.shown else self._due()
         if elapsed is None:
             return
         if completed:

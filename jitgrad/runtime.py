@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
-from . import blas_operands, progress
-from .buffers import BufferPool, OutputBuffers
+from . import blas_operands, first_call, progress
+from .buffers import BufferPool, OutputBuffers, outputs_to_copy
 from .loops import HostStep, LoopKernel, Program
 from .ir import Atom, Graph, Literal, Var
 from .primitive import Kind
@@ -248,16 +248,6 @@ def run_steps(steps: Sequence[tuple[Any, tuple[int, ...]]], slots: list[Any]) ->
             slots[i] = None
 
 
-def outputs_to_copy(output_slots: Sequence[int], fresh: set[int]) -> list[bool]:
-    """Which outputs must be copied so none aliases an input, a constant or another output."""
-    seen: set[int] = set()
-    copies = []
-    for s in output_slots:
-        copies.append(s not in fresh or s in seen)
-        seen.add(s)
-    return copies
-
-
 class Executable:
     """A program ready to run: call it with the graph's input arrays, get its output arrays. `label` names
     it in the progress of a slow first call (`jitgrad.progress`)."""
@@ -266,6 +256,7 @@ class Executable:
         self.program = program
         self.label = label
         self.first = True  # the first call compiles the kernels, reporting progress when slow
+        self.numpy_first = first_call.Tier(program.graph, (SERIAL, QUICK), label)  # or runs on numpy while they compile
         graph = program.graph
         self.table = SlotTable(graph)
         self._slot = self.table.slot
@@ -308,6 +299,9 @@ class Executable:
         slots = list(self.initial)
         slots[:self.n_inputs] = args
         if self.first:
+            outs = self.numpy_first.call(args, slots, self.calls)
+            if outs is not None:
+                return outs
             self._first_run(slots)
         else:
             run_steps(self.steps, slots)

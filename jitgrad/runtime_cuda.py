@@ -35,7 +35,8 @@ from .ir import Atom, Aval, Var
 from .kernels import cuda as kc
 from .ops.linalg import matmul_p
 from .primitive import Kind
-from .runtime import SlotTable, outputs_to_copy, release_after, run_steps
+from .buffers import outputs_to_copy
+from .runtime import SlotTable, release_after, run_steps
 
 _lock = threading.RLock()
 _modules: dict[str, "DeviceModule"] = {}

@@ -28,6 +28,7 @@ KERNEL = textwrap.dedent("""
 def run_script(tmp_path, body: str, **env: str) -> dict:
     """Run KERNEL + body in a fresh interpreter with an empty kernel cache; its last stdout line as JSON."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("JITGRAD_")}
+    environ["JITGRAD_FIRST_CALL"] = "compiled"  # these tests study the compiled first call
     environ.update(JITGRAD_CACHE_DIR=str(tmp_path / "cache"), **env)
     out = subprocess.run([sys.executable, "-c", KERNEL + textwrap.dedent(body)], capture_output=True, text=True,
                          env=environ, timeout=600)

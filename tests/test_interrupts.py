@@ -128,6 +128,7 @@ CHECK = textwrap.dedent("""
 def _run(code: str, cache_dir: str, *args: str) -> dict:
     """Run `code` in a fresh interpreter on the kernel cache `cache_dir`; its last stdout line as JSON."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JITGRAD_")}
+    env["JITGRAD_FIRST_CALL"] = "compiled"  # the compiled first call is under test
     env.update(JITGRAD_CACHE_DIR=cache_dir, JITGRAD_PROGRESS="0")
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]

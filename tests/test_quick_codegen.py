@@ -67,6 +67,7 @@ def test_quick_machine_code_differs_from_the_full_levels_and_gives_the_same_bits
     found = {}
     for variant in ("serial_kernel", "quick_kernel"):
         environ = {k: v for k, v in os.environ.items() if not k.startswith("JITGRAD_")}
+        environ["JITGRAD_FIRST_CALL"] = "compiled"  # the compiled first call is under test
         environ["JITGRAD_CACHE"] = "0"
         script = f"SOURCE = {VECMATH!r}\n" + VECMATH_RUN
         out = subprocess.run([sys.executable, "-c", script, variant], capture_output=True, text=True, env=environ,
@@ -132,6 +133,7 @@ FIRST_CALL = textwrap.dedent("""
 
 def first_call(cache, **env: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("JITGRAD_")}
+    environ["JITGRAD_FIRST_CALL"] = "compiled"  # the compiled first call is under test
     environ.update(JITGRAD_CACHE_DIR=str(cache), **env)
     out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, env=environ,
                          timeout=600)

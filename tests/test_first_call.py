@@ -1,0 +1,118 @@
+"""The numpy first call (jitgrad/first_call.py): a new executable's first call runs the graph on numpy while
+its kernels compile; the second waits for them and every later call runs them. Each test gets an empty
+kernel cache of its own, so that the kernels are not on disk already (a warm first call runs compiled)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jitgrad as jg
+from jitgrad import first_call
+from jitgrad.kernels import compiler
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import models  # noqa: E402
+
+
+@pytest.fixture
+def numpy_first(monkeypatch, tmp_path):
+    monkeypatch.setenv("JITGRAD_FIRST_CALL", "numpy")
+    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path))
+    compiler.wait_for_background_compiles()
+    yield
+    compiler.wait_for_background_compiles()
+
+
+def relative(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def chain(w, x):
+    return np.sum(np.tanh(w * x) * np.exp(-x * x) + np.sin(w) / (1.0 + x * x))
+
+
+@pytest.mark.parametrize("dtype, bound", [(np.float32, 2e-6), (np.float64, 1e-14)])
+def test_the_first_call_runs_on_numpy_and_agrees_with_the_compiled_calls(numpy_first, dtype, bound) -> None:
+    rng = np.random.default_rng(0)
+    w, x = (rng.standard_normal(5000).astype(dtype) for _ in range(2))
+    f = jg.trace(chain)
+    before = first_call.STATS["numpy_calls"]
+    v0, g0 = f.value_and_grad(w, x, argnums=(0, 1))
+    assert first_call.STATS["numpy_calls"] == before + 1
+    assert v0.dtype == dtype and all(g.dtype == dtype for g in g0)
+    v1, g1 = f.value_and_grad(w, x, argnums=(0, 1))
+    v2, g2 = f.value_and_grad(w, x, argnums=(0, 1))
+    assert first_call.STATS["numpy_calls"] == before + 1  # the second call on ran the kernels
+    assert v1 == v2 and all(np.array_equal(a, b) for a, b in zip(g1, g2))
+    assert relative(v0, v1) <= bound and max(relative(a, b) for a, b in zip(g0, g1)) <= 10 * bound
+
+
+def test_the_second_call_gets_the_bits_of_a_compiled_first_call(numpy_first, monkeypatch) -> None:
+    rng = np.random.default_rng(1)
+    w, x = (rng.standard_normal(3000).astype(np.float32) for _ in range(2))
+    tiered = jg.trace(chain)
+    tiered.value_and_grad(w, x, argnums=(0, 1))
+    second = tiered.value_and_grad(w, x, argnums=(0, 1))
+    monkeypatch.setenv("JITGRAD_FIRST_CALL", "compiled")
+    compiled = jg.trace(lambda w, x: chain(w, x)).value_and_grad(w, x, argnums=(0, 1))
+    assert second[0] == compiled[0] and all(np.array_equal(a, b) for a, b in zip(second[1], compiled[1]))
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_bench_models_first_calls_agree_with_their_compiled_calls(numpy_first, name) -> None:
+    model = models.MODELS[name]
+    inputs = model.make_inputs(model.tiny, np.random.default_rng(0))
+    f = jg.trace(model.jitgrad_fn)
+    before = first_call.STATS["numpy_calls"]
+    v0, g0 = f.value_and_grad(*inputs, argnums=model.wrt)
+    v1, g1 = f.value_and_grad(*inputs, argnums=model.wrt)
+    assert first_call.STATS["numpy_calls"] == before + 1
+    assert relative(v0, v1) <= 1e-5
+    assert max(relative(a, b) for a, b in zip(g0, g1)) <= 1e-4
+
+
+def test_a_call_whose_kernels_are_on_disk_runs_compiled(numpy_first) -> None:
+    w, x = np.linspace(-1, 1, 4000), np.linspace(0, 2, 4000)
+    f = jg.trace(chain)
+    f.value_and_grad(w, x)
+    f.value_and_grad(w, x)  # compiled: the kernels are in this process and on disk now
+    jg.clear_caches()
+    before = first_call.STATS["numpy_calls"]
+    jg.trace(chain).value_and_grad(w, x)
+    assert first_call.STATS["numpy_calls"] == before
+
+
+def test_compiled_mode_and_a_bad_mode(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("JITGRAD_FIRST_CALL", "compiled")
+    before = first_call.STATS["numpy_calls"]
+    jg.trace(lambda x: np.sum(np.cosh(x) * 3.0)).value_and_grad(np.linspace(0, 1, 100))
+    assert first_call.STATS["numpy_calls"] == before
+    monkeypatch.setenv("JITGRAD_FIRST_CALL", "eager")
+    with pytest.raises(ValueError, match="JITGRAD_FIRST_CALL='eager'"):
+        first_call.mode()
+
+
+FORK_CHILD = r"""
+import os, numpy as np, jitgrad as jg
+f = jg.trace(lambda w, x: np.sum(np.tanh(w * x) + np.exp(-x * x)))
+w, x = np.linspace(-1, 1, 5000), np.linspace(0, 2, 5000)
+v0, _ = f.value_and_grad(w, x)  # on numpy; the compiles are queued
+pid = os.fork()
+if pid == 0:  # the child's second call compiles what it needs itself
+    v1, _ = f.value_and_grad(w, x)
+    os._exit(0 if abs(v1 - v0) <= 1e-12 * abs(v0) else 3)
+_, status = os.waitpid(pid, 0)
+v1, _ = f.value_and_grad(w, x)
+print(os.waitstatus_to_exitcode(status), abs(v1 - v0) <= 1e-12 * abs(v0))
+"""
+
+
+def test_a_child_forked_after_a_numpy_first_call_compiles_its_own(tmp_path) -> None:
+    env = dict(os.environ, JITGRAD_FIRST_CALL="numpy", JITGRAD_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", FORK_CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["0", "True"]
