@@ -54,3 +54,34 @@ def test_workload(benchmark, candidates, case, name) -> None:
     benchmark.group = f"{workload.name} {workload.size_label(size)} {mode}"
     benchmark.extra_info["relative_error"] = error
     benchmark(run)
+
+
+def _jax_peer():
+    spec = importlib.util.spec_from_file_location(
+        "jitgrad_bench_jax_peer", os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_peer.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_jax_peer_smoke() -> None:
+    """bench/jax_peer.py at the models' tiny sizes: the JAX twins run, agree with jitgrad, and are timed; the
+    cold child's measurement runs (in this process, caches as found), and so does the overhead part."""
+    pytest.importorskip("jax")
+    peer = _jax_peer()
+    rows = peer.steady_rows(list(peer.model_text().MODELS), ["tiny"], 3)
+    assert [r[0] for r in rows] == ["transformer", "lstm", "conv"]
+    assert all(float(r[7]) <= peer.TOLERANCE and r[8] == "3" for r in rows)
+    for library in ("jitgrad", "jax"):
+        found = peer.child(library, "conv", "tiny")
+        assert found["first_s"] > 0 and found["second_s"] > 0
+    assert len(peer.overhead_rows(5)) == 5
+
+
+def test_jax_peer_without_jax_says_so(monkeypatch, capsys) -> None:
+    peer = _jax_peer()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jax" else real(name, *a))
+    assert peer.main(["--sizes", "tiny"]) == 0
+    assert "JAX is not installed" in capsys.readouterr().out
