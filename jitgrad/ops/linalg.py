@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import lax as L
+from .. import blas_threads, lax as L
 from ..dispatch import implements
 from ..errors import ShapeError, UnsupportedError
 from ..ir import Aval
@@ -54,7 +54,7 @@ def _batch_matmul(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> t
     return [L.reshape(out, aval_of(x).shape[:-1] + s[-2:])], [n - 2]
 
 
-matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, np.matmul, _matmul_vjp, backward_label="MmBackward",
+matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, blas_threads.matmul, _matmul_vjp, backward_label="MmBackward",
                              fresh_output=True, takes_out=True, contiguous_operands=(1,),  # BLAS between kernels
                              batch=_batch_matmul))
 
