@@ -150,7 +150,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench/gpu.py compares with PyTorch on CUDA, and this torch has no CUDA")
     sys.path.insert(0, str(ROOT / "bench"))
-    from jitgrad import runtime_cuda
+    from jitgrad.kernels.cuda import executor as runtime_cuda
     device = cuda.get_current_device()
     header = [f"GPU: {device.name.decode() if isinstance(device.name, bytes) else device.name}, compute capability "
               f"{device.compute_capability}", f"numba {numba.__version__}, torch {torch.__version__}, "

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from jitgrad import cache, fusion, passes
 from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
-from jitgrad.kernels import collector, compiler
+from jitgrad.kernels.build import collector, compiler
 
 DTYPE = np.float32
 HEADS = 4

@@ -177,10 +177,10 @@ def first_calls(workload: Any, size: int, mode: str, inputs: Any, candidates: li
 
 def settle_jitgrad(runs: dict[str, Callable[[], Any]]) -> float:
     """jitgrad's first call leaves compiles to the background: the full-level code of its quick kernels once they
-    run again (`jitgrad.runtime.PROMOTE_AT_CALL`), and parallel variants. Run it that often more, then wait for
+    run again (`jitgrad.kernels.cpu.executor.PROMOTE_AT_CALL`), and parallel variants. Run it that often more, then wait for
     them, so the timing sees the code it keeps; the seconds waited."""
-    from jitgrad import runtime
-    from jitgrad.kernels import compiler
+    from jitgrad.kernels.cpu import executor as runtime
+    from jitgrad.kernels.build import compiler
 
     run = runs.get("jitgrad")
     for _ in range(runtime.PROMOTE_AT_CALL - 1 if run is not None else 0):

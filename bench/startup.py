@@ -28,7 +28,7 @@ start = time.perf_counter()
 import json
 import numpy as np
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 imported = time.perf_counter()
 
 FORMULAS = {

@@ -102,8 +102,8 @@ def jvp_candidates(n: int, rng: np.random.Generator) -> dict[str, Callable[[], A
 
 def settle(runs: dict[str, Callable[[], Any]], calls: int = 6) -> dict[str, float]:
     """Call each candidate until its compiles are done; the first call's seconds (trace + compile)."""
-    from jitgrad import runtime
-    from jitgrad.kernels import compiler
+    from jitgrad.kernels.cpu import executor as runtime
+    from jitgrad.kernels.build import compiler
 
     first = {}
     for name, run in runs.items():

@@ -12,8 +12,8 @@ from .arguments import as_array, cotangent_array, device_array_aval
 from .errors import InputError, UnsupportedError
 from .loops import Program
 from .ir import Aval
-from .kernels import compiler
-from .runtime import Executable
+from .kernels.build import compiler
+from .kernels.cpu.executor import Executable
 
 
 class CpuBackend:
@@ -79,11 +79,11 @@ class CudaBackend:
 def cuda_runtime() -> Any:
     """The CUDA runtime module, imported on first use."""
     try:
-        from . import runtime_cuda
+        from .kernels.cuda import executor
     except ImportError as exc:
         raise UnsupportedError(f"device='cuda' needs numba's CUDA target (pip install 'jitgrad[cuda]'): "
                                f"{exc}") from None
-    return runtime_cuda
+    return executor
 
 
 def backend(device: str) -> CpuBackend | CudaBackend:

@@ -149,7 +149,7 @@ class BufferPool:
              released: Sequence[Sequence[int]], kept: Sequence[int]) -> None:
         """Give every pooled output a bin. `steps`: per step its input and output slots, the site of its pooled
         outputs (None if it has none) and whether its outputs may be views of its inputs (a host view); `released`:
-        per step the slots dropped after it (`runtime.release_after`); `kept`: slots that outlive the call."""
+        per step the slots dropped after it (`kernels.slots.release_after`); `kept`: slots that outlive the call."""
         lifetimes, where = plan_lifetimes(steps, released, kept)
         bins, sizes = assign_bins([lifetimes[r] for r in where])
         self.sizes, self.dtypes, self.held = [0] * len(sizes), [np.dtype(np.uint8)] * len(sizes), []

@@ -7,7 +7,7 @@ Layout: `<base>/<version tag>/jitgrad_kernel_<source hash>.py` (the generated so
 and tracebacks) beside `jitgrad_kernel_<source hash>.<function>.<signature hash>.nbk` (machine
 code, one file per compiled signature). A kernel "entry" is every file sharing the
 `jitgrad_kernel_<source hash>` stem; eviction removes whole entries, oldest use first. This module
-knows files only: `jitgrad.kernels.compiler` decides what goes into them.
+knows files only: `jitgrad.kernels.build.compiler` decides what goes into them.
 
 Machine code is unpickled, so a file is loaded only if its checksum, the key stored inside it and
 its owner say it is this installation's entry for that key, written by this user (or root): the

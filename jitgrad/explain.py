@@ -21,7 +21,7 @@ from .captures import Captures
 from .errors import InputError
 from .ir import Atom, Eqn, Graph, Literal, Var, format_graph
 from .loops import HostStep
-from .kernels import cpu
+from .kernels.cpu import codegen as cpu
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Compiling a program's kernels takes seconds (numba's typing and LLVM, 0.3-1.4 s a kernel); tracing and
 fusing it takes a tenth of that. So where some kernel is neither compiled in this process nor on disk,
-the first call starts compiling them all in the background (`kernels.background`, with the compile
+the first call starts compiling them all in the background (`kernels.build.background`, with the compile
 helper process taking the largest), runs the optimised graph through the primitives' numpy references
 (`interpreter`), and returns. The second call waits for those compiles, and it and every later call run
 the compiled kernels. Which call runs where is fixed (the first on numpy, the rest compiled), never
@@ -24,7 +24,7 @@ import numpy as np
 from . import progress
 from .interpreter import evaluate
 from .ir import Graph
-from .kernels import background, compiler, helper, quick_codegen
+from .kernels.build import background, compiler, helper, quick_codegen
 
 ENV = "JITGRAD_FIRST_CALL"
 MODES = ("numpy", "compiled")

@@ -28,7 +28,7 @@ MAX_INPUTS = 16  # arrays a fused kernel may read: longer chains (a gradient sum
 MIN_COPY_VIEWS = 4  # view equations (the region read included) a copy kernel must replace to be written
 MAX_COPY_BYTES = 1 << 20  # and the largest array it writes when a region read chooses along its last axis: past
 # this numpy's copies are as fast as a per-element choice between operands; with the choice on outer axes only
-# (an im2col), the kernel copies whole rows (CPU: `kernels.cpu.MAX_UNSWITCHED_LOOPS`) at any size
+# (an im2col), the kernel copies whole rows (CPU: `kernels.cpu.codegen.MAX_UNSWITCHED_LOOPS`) at any size
 MERGE_WINDOW = 256  # equations between two groups beyond which they are not merged: a forward value used far
 # later in the backward stays in its own kernel, and the cycle check only searches that window
 HELD_INPUTS, HELD_BYTES, HELD_SPREAD = 1, 1 << 16, 32  # a group reads at most one host result (a matmul's) of 64 KB

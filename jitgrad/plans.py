@@ -24,7 +24,7 @@ from .autodiff import SplitGraphs
 from .captures import Captures
 from .errors import InputError, JitgradError
 from .ir import Graph
-from .kernels import collector
+from .kernels.build import collector
 from .progress import describe
 from .traces import trace_to_graph
 

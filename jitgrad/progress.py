@@ -7,7 +7,7 @@ line when stderr is a terminal, otherwise as INFO records of the `jitgrad.progre
 second, then the total; `JITGRAD_LOG=progress`, or any logging configuration, shows them).
 `JITGRAD_PROGRESS=0` turns it off. The checks sit between kernels (a clock and a counter; no thread), so a
 fast first call, or one whose kernels all come from the disk cache, shows nothing. Only the calling thread's
-builds count: the parallel variants compiled in the background thread (`jitgrad.kernels.background`) are
+builds count: the parallel variants compiled in the background thread (`jitgrad.kernels.build.background`) are
 waited for by no call.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, TextIO
 
 from . import logging_setup
-from .kernels import compiler
+from .kernels.build import compiler
 
 DEFAULT_AFTER_S = 2.0
 LOG_EVERY_S = 1.0  # at most one "compiling" record a second (a terminal line just updates)

@@ -7,7 +7,7 @@ starves the other. jitgrad's kernels therefore run on numba's `workqueue` layer,
 sleep on a condition when idle, whatever runtime the process loaded first. The layer is numba's global
 choice, made at the first parallel launch: a value the user set (`NUMBA_THREADING_LAYER`, or
 `numba.config.THREADING_LAYER` before importing jitgrad) is kept. workqueue runs one parallel region at
-a time, which `kernels.compiler` queues; it is fork-safe, so forked children keep parallel kernels.
+a time, which `kernels.build.compiler` queues; it is fork-safe, so forked children keep parallel kernels.
 
 torch's own workers are the other half: where torch started its GNU OpenMP runtime before jitgrad could
 set OMP_WAIT_POLICY, they spin for milliseconds after every torch op. libgomp shortens that spin to 100

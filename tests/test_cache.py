@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jitgrad import cache
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 # A fresh process computing the core example's value-and-grad and forward; it prints its error
 # against numpy and the compiler's counters. JG_DENY="<errno>:<text>" makes every write to a path
@@ -42,7 +42,7 @@ if deny:
     os.open, os.mkdir = checked_open, checked_mkdir
 import numpy as np
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 if os.environ.get("JG_PROGRESS_S"):
     compiler.PROGRESS_INTERVAL_S = float(os.environ["JG_PROGRESS_S"])
 
@@ -291,10 +291,10 @@ def test_key_covers_code_helpers_versions_signature_options_and_cpu(monkeypatch)
     assert f"py{sys.version_info.major}{sys.version_info.minor}" in tag
 
     plain = "def f(x):\n    return x\n"
-    with_helper = "from jitgrad.kernels.vecmath import vexp\n" + plain
-    assert compiler.helper_modules(with_helper) == ("jitgrad.kernels.vecmath",)
+    with_helper = "from jitgrad.kernels.cpu.vecmath import vexp\n" + plain
+    assert compiler.helper_modules(with_helper) == ("jitgrad.kernels.cpu.vecmath",)
     before = compiler.source_key(with_helper)
-    monkeypatch.setitem(compiler._module_digests, "jitgrad.kernels.vecmath", b"an edited vecmath.py")
+    monkeypatch.setitem(compiler._module_digests, "jitgrad.kernels.cpu.vecmath", b"an edited vecmath.py")
     assert compiler.source_key(with_helper) != before  # editing a helper the kernel inlines changes its key
     assert compiler.source_key(plain) != compiler.source_key(plain + " ")
 

@@ -22,7 +22,7 @@ CHILD = r"""
 import json, os, sys
 import numpy as np
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 folder = os.environ["JITGRAD_CACHE_DIR"]
 

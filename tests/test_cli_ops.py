@@ -11,7 +11,7 @@ import pytest
 import jitgrad as jg
 from jitgrad import opinfo
 from jitgrad.__main__ import main
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 from jitgrad.numpy_api import EQUIVALENTS
 
 

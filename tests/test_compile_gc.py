@@ -1,8 +1,8 @@
 """What a kernel compile changes around it. A call that waits for a kernel to compile, or for its plan to
-trace, differentiate and fuse, runs it with Python's garbage collector paused (`jitgrad.kernels.collector`);
+trace, differentiate and fuse, runs it with Python's garbage collector paused (`jitgrad.kernels.build.collector`);
 the collector is back as it was afterwards, from any thread and after an error. numba's per-function
 optimisation round is skipped, and its whole-module round runs at a lower LLVM level, only inside a kernel's
-compile (`jitgrad.kernels.function_passes`), with the same bits as numba's own level."""
+compile (`jitgrad.kernels.build.function_passes`), with the same bits as numba's own level."""
 import gc
 import threading
 
@@ -13,7 +13,7 @@ from numba.core import codegen as numba_codegen
 from numba.core import event as numba_event
 
 import jitgrad as jg
-from jitgrad.kernels import compiler, function_passes, quick_codegen
+from jitgrad.kernels.build import compiler, function_passes, quick_codegen
 
 
 class _CompileProbe(numba_event.Listener):

@@ -1,4 +1,4 @@
-"""The compile helper (jitgrad.kernels.helper): a second process compiles a first call's kernels into the
+"""The compile helper (jitgrad.kernels.build.helper): a second process compiles a first call's kernels into the
 disk cache. Each test runs in a fresh interpreter with an empty cache, so every kernel is really built."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 KERNEL = textwrap.dedent("""
     import numpy as np, json
     from numba import types
-    from jitgrad.kernels import compiler, helper
+    from jitgrad.kernels.build import compiler, helper
     SOURCE = ("def serial_kernel(n0, a0, o0):\\n    for i in range(n0):\\n"
               "        o0[i] = a0[i] * 2.0 + {k}.0\\n    return 0\\n")
     SIGNATURE = (types.int64, types.float64[::1], types.float64[::1])
@@ -108,7 +108,7 @@ def test_a_dead_helper_leaves_the_compiles_here(tmp_path) -> None:
 
 FIRST_CALL = """
     import jitgrad as jg
-    from jitgrad.kernels import helper as kernel_helper
+    from jitgrad.kernels.build import helper as kernel_helper
     rng = np.random.default_rng(0)
     w, b = rng.standard_normal((64, 32)), rng.standard_normal(32)
     x = rng.standard_normal((128, 64))

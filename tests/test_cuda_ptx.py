@@ -17,9 +17,9 @@ from jitgrad import fusion, loops, passes
 from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
 from jitgrad.loops import Compute
 from jitgrad.ir import Aval, Var
-from jitgrad.kernels import cuda as kc
+from jitgrad.kernels.cuda import codegen as kc
 from jitgrad.primitive import PRIMITIVES, Kind, Primitive
-from jitgrad.runtime_cuda import gather_kernel
+from jitgrad.kernels.cuda.executor import gather_kernel
 
 SM90 = (9, 0)
 

@@ -10,7 +10,7 @@ import pytest
 
 import jitgrad as jg
 from jitgrad import first_call
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import models  # noqa: E402

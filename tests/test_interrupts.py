@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     import jitgrad as jg
     from numba.core import event
     from jitgrad import programs
-    from jitgrad.kernels import background, collector, compiler, function_passes, helper, quick_codegen
+    from jitgrad.kernels.build import background, collector, compiler, function_passes, helper, quick_codegen
     POINT = sys.argv[1]
     armed, compiling = [True], [False]
 
@@ -114,7 +114,7 @@ SCRIPT = textwrap.dedent("""
 
 CHECK = textwrap.dedent("""
     import json, numpy as np, jitgrad as jg
-    from jitgrad.kernels import compiler
+    from jitgrad.kernels.build import compiler
     @jg.trace
     def f(W, x, b):
         h = np.tanh(x @ W + b)

@@ -7,10 +7,10 @@ import torch
 
 import jitgrad as jg
 from jitgrad import fusion, passes
-from jitgrad.kernels import cpu
+from jitgrad.kernels.cpu import codegen as cpu
 from numba import types
 
-from jitgrad.kernels.reductions import LANES, block_sum
+from jitgrad.kernels.cpu.reductions import LANES, block_sum
 
 LANE_COUNTS = {np.dtype(np.float32): LANES[types.float32], np.dtype(np.float64): LANES[types.float64]}
 
@@ -60,7 +60,7 @@ def test_float64_sums_give_the_same_bits_in_both_variants(shape, axis) -> None:
     f = jg.trace(lambda a: np.sum(np.sin(a) * a, axis=axis))
     program = fusion.schedule(passes.optimize(f.plan(x).graph))
     (kernel,) = program.kernels
-    from jitgrad.kernels import compiler
+    from jitgrad.kernels.build import compiler
     compiled = compiler.load(cpu.module_source(kernel), {"parallel_kernel": {"parallel": True}, "serial_kernel": {}})
     results = []
     for variant in ("serial_kernel", "parallel_kernel"):
@@ -171,7 +171,7 @@ def test_blocked_sums_and_carries_over_two_reduced_axes() -> None:
 
 
 def _both_variants(kernel, arrays):
-    from jitgrad.kernels import compiler
+    from jitgrad.kernels.build import compiler
     compiled = compiler.load(cpu.module_source(kernel), {"parallel_kernel": {"parallel": True}, "serial_kernel": {}})
     results = []
     for variant in ("serial_kernel", "parallel_kernel"):

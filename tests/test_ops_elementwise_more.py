@@ -494,7 +494,7 @@ def test_integer_and_exponent_lowerings_compile_for_sm90() -> None:
     from numba import cuda  # noqa: F401  (numba's CUDA target: PTX needs NVVM, not a GPU)
 
     from jitgrad.ir import Aval
-    from jitgrad.kernels import cuda as kc
+    from jitgrad.kernels.cuda import codegen as kc
     from jitgrad.loops import Compute
     from jitgrad.primitive import PRIMITIVES
     from test_cuda_ptx import array_type, functions_of, ptx

@@ -16,7 +16,7 @@ import os, pickle, sys
 import multiprocessing as mp
 import numpy as np
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 X = np.random.default_rng(0).standard_normal(1 << 21)
 

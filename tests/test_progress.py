@@ -11,14 +11,14 @@ import pytest
 
 import jitgrad as jg
 from jitgrad import progress
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 # Two kernels with a matmul (a host step) between them; small arrays, so only the serial variants compile.
 CHILD = r"""
 import json, logging
 import numpy as np
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 records = []
 class Keep(logging.Handler):

@@ -1,4 +1,4 @@
-"""Quick kernels (jitgrad.kernels.quick_codegen): a cold first call's kernels get machine code at LLVM's lowest
+"""Quick kernels (jitgrad.kernels.build.quick_codegen): a cold first call's kernels get machine code at LLVM's lowest
 code generation level, with the same bits as the full level's, and their full-level code replaces them in the
 background. The first-call tests run in fresh interpreters with empty caches, so every kernel is really built."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from numba import types
 
-from jitgrad.kernels import background, compiler, quick_codegen
+from jitgrad.kernels.build import background, compiler, quick_codegen
 
 VECMATH = textwrap.dedent("""
-    from jitgrad.kernels.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh
+    from jitgrad.kernels.cpu.vecmath import vexp, vexpm1, vlog, vlog1p, vsigmoid, vtanh
 
 
     def serial_kernel(n0, a0, o0, o1, o2, o3, o4, o5):
@@ -40,7 +40,7 @@ VECMATH = textwrap.dedent("""
 VECMATH_RUN = textwrap.dedent("""
     import hashlib, json, sys
     import numpy as np
-    from jitgrad.kernels import compiler, quick_codegen
+    from jitgrad.kernels.build import compiler, quick_codegen
 
     variant = sys.argv[1]
     compiled = compiler.load(SOURCE, {"serial_kernel": {}, "quick_kernel": quick_codegen.QUICK})
@@ -104,8 +104,8 @@ FIRST_CALL = textwrap.dedent("""
     import gc, json, sys
     import numpy as np
     import jitgrad as jg
-    from jitgrad import runtime
-    from jitgrad.kernels import compiler
+    from jitgrad.kernels.cpu import executor as runtime
+    from jitgrad.kernels.build import compiler
 
     rng = np.random.default_rng(0)
     w, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal(32).astype(np.float32)

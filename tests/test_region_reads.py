@@ -10,7 +10,7 @@ import torch
 
 import jitgrad as jg
 from jitgrad import fusion, passes, programs
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 from jitgrad.loops import HostStep
 
 RNG = np.random.default_rng(7)
@@ -182,9 +182,9 @@ def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape(m
 
 def test_a_region_read_on_outer_axes_tests_its_cases_once_per_row() -> None:
     """An elementwise kernel whose one region read chooses by positions on outer axes loops over the last axis
-    inside each case (`kernels.cpu_emit.emit_unswitched`), nested pads too: an im2col copies rows of channels.
+    inside each case (`kernels.cpu.emit.emit_unswitched`), nested pads too: an im2col copies rows of channels.
     Two region reads side by side on both axes (a sum of pads) test every point; one choosing along the last
-    axis splits that loop into segments (`kernels.cpu_split`). numpy's values either way."""
+    axis splits that loop into segments (`kernels.cpu.split`). numpy's values either way."""
     x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
     n, h, w, c = x.shape
 
@@ -215,7 +215,7 @@ def test_a_region_read_on_outer_axes_tests_its_cases_once_per_row() -> None:
 def test_region_reads_along_the_last_axis_split_its_loop(monkeypatch, cut, start) -> None:
     """Gradients of two slices along the last axis are region reads bounded on the innermost axis; with a bias
     gradient they form a column kernel (an LSTM's gate gradient). Its column loop is written once per segment
-    between the bounds, each segment reading only its case (`kernels.cpu_split`): the same bits as the loop that
+    between the bounds, each segment reading only its case (`kernels.cpu.split`): the same bits as the loop that
     tests every case at every point, whichever order the bounds come in (overlapping, apart, equal, from 0),
     and torch's gradients."""
     rng = np.random.default_rng(cut * 10 + start)
@@ -234,7 +234,7 @@ def test_region_reads_along_the_last_axis_split_its_loop(monkeypatch, cut, start
     split = jg.trace(loss).value_and_grad(x, b, argnums=(0, 1))
     column_kernel = source()
     assert column_kernel.count("for i1 in range(max(tl1, ") >= 1 and "if " not in column_kernel, column_kernel
-    monkeypatch.setattr("jitgrad.kernels.cpu_columns.split_points", lambda body, axis: None)
+    monkeypatch.setattr("jitgrad.kernels.cpu.columns.split_points", lambda body, axis: None)
     tested = jg.trace(loss).value_and_grad(x, b, argnums=(0, 1))
     assert "if " in source()
     for got, want in zip([split[0], *split[1]], [tested[0], *tested[1]]):

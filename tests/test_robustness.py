@@ -10,7 +10,8 @@ import torch
 
 import jitgrad as jg
 from jitgrad import fusion, loops, passes
-from jitgrad.kernels import compiler, cpu
+from jitgrad.kernels.build import compiler
+from jitgrad.kernels.cpu import codegen as cpu
 
 
 @jg.trace

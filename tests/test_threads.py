@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 THREADS = 8
 
@@ -80,7 +80,7 @@ import numpy as np
 import pytest
 import jitgrad as jg
 
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 f = jg.trace(lambda a: np.tanh(a) * 2.0 + a)
 f(np.ones(1 << 19, np.float32))
@@ -154,7 +154,7 @@ import numpy as np
 import pytest
 import numba
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 torch.manual_seed(0)
 a = torch.randn(256, 256)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 INTERNAL = tuple(os.path.join(os.path.dirname(os.path.abspath(m.__file__)), "") for m in (jg, compiler))
 X3, X4 = np.ones(3), np.ones(4)

@@ -1,4 +1,4 @@
-"""Accuracy, special values and dtype handling of jitgrad.kernels.vecmath."""
+"""Accuracy, special values and dtype handling of jitgrad.kernels.cpu.vecmath."""
 
 import re
 
@@ -6,8 +6,8 @@ import numba
 import numpy as np
 import pytest
 
-from jitgrad.kernels import vecmath
-from jitgrad.kernels.vecmath import ULP_BOUNDS
+from jitgrad.kernels.cpu import vecmath
+from jitgrad.kernels.cpu.vecmath import ULP_BOUNDS
 
 NAMES = ["vexp", "vexp2", "vexpm1", "vlog", "vlog2", "vlog10", "vlog1p", "vtanh", "vsigmoid"]
 DTYPES = [np.float32, np.float64]

@@ -17,7 +17,7 @@ from ..primitive import Kind, Lowering, Primitive, batch_elementwise, declare, l
 from ..tracing import Tracer, bind, builder_aval, constant_of, user_source, where_text
 
 ArrayLike = Any
-VECMATH = "jitgrad.kernels.vecmath"
+VECMATH = "jitgrad.kernels.cpu.vecmath"
 
 
 def aval_of(x: ArrayLike) -> Aval:

@@ -21,7 +21,7 @@ from .elementwise import (add, divide, equal, exp, isfinite, log, maximum, minim
 from .shapes import ravel, reshape
 
 NO_VALUE = np._NoValue
-_REDUCTIONS = "jitgrad.kernels.reductions"
+_REDUCTIONS = "jitgrad.kernels.cpu.reductions"
 
 
 def _reduce_rule(avals: Sequence[Aval], *, axes: tuple[int, ...]) -> Aval:

@@ -38,7 +38,7 @@ from numba.core.runtime import rtsys
 from numba.core.serialize import dumps
 
 from jitgrad import cache
-from jitgrad.kernels import background, collector, function_passes, quick_codegen, shield
+from jitgrad.kernels.build import background, collector, function_passes, quick_codegen, shield
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -218,7 +218,7 @@ def _label(dispatcher: Any, args: Any) -> str:
 
 class _CompileLog(numba_event.Listener):
     """Counts and logs numba compiles of generated kernels, pausing the garbage collector during the
-    foreground ones (`jitgrad.kernels.collector`); a long compile logs progress."""
+    foreground ones (`jitgrad.kernels.build.collector`); a long compile logs progress."""
 
     def __init__(self) -> None:
         self._running: dict[tuple[int, int], tuple[float, threading.Event]] = {}
@@ -326,7 +326,7 @@ class CompiledSource:
         return tuple(numba.typeof(a) for a in args) in self.functions[variant].overloads
 
     def compile_in_background(self, variant: str, args: list[Any], urgent: bool = False) -> None:
-        """Compile `variant` for these arguments' types in the background (`jitgrad.kernels.background`:
+        """Compile `variant` for these arguments' types in the background (`jitgrad.kernels.build.background`:
         one at a time, when no other compile runs; `urgent` ones first), once per signature; calls meanwhile
         use another variant. A failure marks the variant `failed` and is logged."""
         signature = tuple(numba.typeof(a) for a in args)

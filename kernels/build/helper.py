@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from jitgrad import cache
-from jitgrad.kernels import compiler
+from jitgrad.kernels.build import compiler
 
 log = logging.getLogger("jitgrad.compile")
 MIN_KERNELS = 3  # fewer: the helper's start-up (an interpreter importing numba) saves nothing
 TAKE_TIMEOUT_S = 300.0  # a kernel the helper has compiled this long is compiled here instead
 _MAGIC = b"JGH1"  # starts every message, so stray output on the helper's stdout stops it rather than hangs it
 _HEADER = struct.Struct("<4sI")
-_SERVE = "from jitgrad.kernels import helper; helper.serve()"
+_SERVE = "from jitgrad.kernels.build import helper; helper.serve()"
 
 
 def wanted() -> bool:
@@ -254,7 +254,7 @@ if hasattr(os, "register_at_fork"):
 
 def serve() -> None:
     """The helper's loop: compile each requested kernel into the disk cache; reply "" or the error."""
-    from jitgrad.kernels import compiler
+    from jitgrad.kernels.build import compiler
 
     requests = os.fdopen(os.dup(0), "rb")
     replies = os.fdopen(os.dup(1), "wb")

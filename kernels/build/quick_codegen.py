@@ -6,7 +6,7 @@ the greedy register allocator and machine-level loop passes, about a fifth of a 
 0 (`CODEGEN_LEVEL`) that step is quicker and the code runs about 1.5x slower; the IR, and so every
 floating-point operation and its rounding, is the same. A first call that compiles many kernels with the
 compile helper compiles them this way (the `quick_kernel` variant, here and in the helper); once one runs
-again, its full level compiles in the background (`jitgrad.runtime`), and later calls run that.
+again, its full level compiles in the background (`jitgrad.kernels.cpu.executor`), and later calls run that.
 
 Level 0 normally selects instructions with FastISel, which does not fuse a multiply and an add that
 vecmath marks `contract` where the full level does (other bits than the full-level kernel, e.g. float64

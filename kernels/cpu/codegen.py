@@ -15,14 +15,14 @@ the variant). Full reductions split into the same chunks in both variants (the s
 them in a plain loop), so the serial and parallel kernels give the same bits; float max/min
 reductions use LLVM's NaN-propagating `maximum`/`minimum`, and a row whose extremum is zero is
 rescanned with numpy's sequential rule so that the sign of the zero matches numpy's. Values a
-later pass would recompute are carried through per-row scratch (`jitgrad.kernels.carry`). A sum
+later pass would recompute are carried through per-row scratch (`jitgrad.kernels.cpu.carry`). A sum
 over outer axes with the last axes kept (a bias gradient) is a column kernel: rows walked in order,
 contiguous columns vectorised, each column's terms in the row kernel's lanes and order, so the
 same bits without a strided walk per output element; reductions exact in any order over middle axes
-with the last axis kept (a max-pool) are lane kernels, channels innermost (`jitgrad.kernels.cpu_columns`).
+with the last axis kept (a max-pool) are lane kernels, channels innermost (`jitgrad.kernels.cpu.columns`).
 An elementwise kernel whose one region read chooses by outer positions only tests its cases once per row, the
-innermost loop written inside each case (`cpu_emit.emit_unswitched`: LLVM does not unswitch these loops); region
-reads that choose by the innermost position split that loop into segments (`cpu_split`), in elementwise and
+innermost loop written inside each case (`emit.emit_unswitched`: LLVM does not unswitch these loops); region
+reads that choose by the innermost position split that loop into segments (`split`), in elementwise and
 column kernels.
 """
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from jitgrad.loops import Compute, LoopKernel, Reduction, Stage, statements
-from jitgrad.kernels import carry
+from jitgrad.kernels.cpu import carry, reductions
 from jitgrad.kernels.common import accumulator_dtype, argument_names, identity_literal, numba_type
-from jitgrad.kernels.cpu_columns import emit_columns, emit_lanes, is_column_kernel, is_lane_kernel
-from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LoopWriter, emit_accumulate, emit_body, emit_stores,
+from jitgrad.kernels.cpu.columns import emit_columns, emit_lanes, is_column_kernel, is_lane_kernel
+from jitgrad.kernels.cpu.emit import (BLOCK, CHUNKS, LoopWriter, emit_accumulate, emit_body, emit_stores,
                                       emit_unswitched, emit_zero_rescan, is_blocked, order_dependent, row_index,
                                       unswitched_loops)
-from jitgrad.kernels.cpu_split import emit_split_loop, split_points
+from jitgrad.kernels.cpu.split import emit_split_loop, split_points
 
 __all__ = ["BLOCK", "PARALLEL_MIN_SIZE", "generate", "is_blocked", "is_column_kernel", "is_lane_kernel",
            "kernel_arguments", "module_source", "scalar_arguments"]
@@ -47,7 +47,7 @@ PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; la
 MAX_UNSWITCHED_LOOPS = 32  # copies of the innermost loop an elementwise kernel's region read may be split into
 
 HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\n"
-BLOCK_SUM = "jitgrad.kernels.reductions.block_sum"
+BLOCK_SUM = f"{reductions.__name__}.block_sum"
 
 
 def helper_imports(k: LoopKernel) -> list[str]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from jitgrad.loops import LoopKernel, Reduction
-from jitgrad.kernels import carry
+from jitgrad.kernels.cpu import carry
 from jitgrad.kernels.common import accumulator_dtype, identity_literal, numba_type
-from jitgrad.kernels.cpu_emit import (BLOCK, CHUNKS, LANES, LoopWriter, emit_accumulate, emit_body, emit_stores,
+from jitgrad.kernels.cpu.emit import (BLOCK, CHUNKS, LANES, LoopWriter, emit_accumulate, emit_body, emit_stores,
                                       emit_zero_rescan, is_blocked, order_dependent, rescans_zero)
-from jitgrad.kernels.cpu_split import emit_split_loop, split_points
+from jitgrad.kernels.cpu.split import emit_split_loop, split_points
 
 COLUMN_TILE = 256  # columns a column kernel sums at once (its lane sums: 64 KiB)
 

@@ -1,4 +1,4 @@
-"""The pieces every CPU loop nest is written with (`jitgrad.kernels.cpu` and `cpu_columns`): the source
+"""The pieces every CPU loop nest is written with (`jitgrad.kernels.cpu.codegen` and `columns`): the source
 writer with unsigned index copies, loads and computes, stores, accumulation, and which reductions are
 blocked, order-dependent or rescanned for the sign of zero."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ import numpy as np
 
 from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
 from jitgrad.primitive import entry_axis
-from jitgrad.kernels import carry
+from jitgrad.kernels.cpu import carry
 from jitgrad.kernels.common import (Writer, accumulator_dtype, case_tests, case_values, emit_branch, expression,
                                     identity_literal, index_text, numba_type)
 
 CHUNKS = 64  # parallel chunks of a full reduction
 BLOCK = 256  # terms a float sum adds in its own dtype (`block_sum`: 64 or 32 lanes) before folding into float64
-LANES = {np.dtype(np.float32): 64, np.dtype(np.float64): 32}  # block_sum's lanes (jitgrad.kernels.reductions)
+LANES = {np.dtype(np.float32): 64, np.dtype(np.float64): 32}  # block_sum's lanes (jitgrad.kernels.cpu.reductions)
 
 
 def row_index(k: LoopKernel) -> str:

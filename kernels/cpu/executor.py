@@ -19,12 +19,13 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
-from . import blas_operands, first_call, progress
-from .buffers import BufferPool, OutputBuffers, outputs_to_copy
-from .loops import HostStep, LoopKernel, Program
-from .ir import Atom, Graph, Literal, Var
-from .primitive import Kind
-from .kernels import background, compiler, cpu, helper, quick_codegen
+from jitgrad import blas_operands, first_call, progress
+from jitgrad.buffers import BufferPool, OutputBuffers, outputs_to_copy
+from jitgrad.loops import HostStep, LoopKernel, Program
+from jitgrad.primitive import Kind
+from jitgrad.kernels.build import background, compiler, helper, quick_codegen
+from jitgrad.kernels.cpu import codegen as cpu
+from jitgrad.kernels.slots import SlotTable, release_after, run_steps
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
 QUICK = "quick_kernel"  # the serial variant with quick machine code (`quick_codegen`), for a cold first call
@@ -114,7 +115,7 @@ class _KernelCall:
 
     def __post_init__(self) -> None:
         self.scalars = cpu.scalar_arguments(self.kernel)
-        self.helper_key: tuple | None = None  # on the first call: the kernel offered to `kernels.helper`
+        self.helper_key: tuple | None = None  # on the first call: the kernel offered to `kernels.build.helper`
         self.serial = SERIAL  # what runs the serial kernel: QUICK until its full-level code is in (`promote`)
         self.full_level: tuple | None = None  # argument types of the full-level code `promote` asked for
         self.quick_calls = 0
@@ -196,58 +197,6 @@ class _HostCall:
                 slots[i] = r
 
 
-class SlotTable:
-    """Numbers a program's values for one flat list per call: graph inputs first, constants preloaded
-    (through `place`, e.g. a copy to the device)."""
-
-    def __init__(self, graph: Graph, place: Callable[[np.ndarray], Any] = lambda value: value):
-        self.slot_of: dict[Var, int] = {}
-        self.initial: list[Any] = []
-        self.place = place
-        self.graph_inputs = frozenset(graph.inputs)
-        for v in graph.inputs:
-            self.slot(v)
-
-    def slot(self, a: Atom) -> int:
-        if isinstance(a, Literal):
-            self.initial.append(self.place(a.value))
-            return len(self.initial) - 1
-        if a not in self.slot_of:
-            self.slot_of[a] = len(self.initial)
-            self.initial.append(None)
-        return self.slot_of[a]
-
-
-RELEASE_MIN_BYTES = 4096  # smaller intermediates are not worth a step's bookkeeping
-
-
-def release_after(table: SlotTable, steps: Sequence[tuple[Sequence[int], Sequence[int]]],
-                  keep: Sequence[int]) -> list[tuple[int, ...]]:
-    """Per step (its input and output slots), the slots whose value no later step reads and no output
-    returns: dropped right after that step, so a call's peak memory is what is live at once rather than
-    every intermediate of the call. Graph inputs, constants and values under RELEASE_MIN_BYTES stay."""
-    last: dict[int, int] = {}
-    for k, (ins, outs) in enumerate(steps):
-        for i in (*ins, *outs):
-            last[i] = k
-    kept = set(keep)
-    released: list[list[int]] = [[] for _ in steps]
-    for var, i in table.slot_of.items():
-        if i in kept or table.initial[i] is not None or i not in last or var in table.graph_inputs:
-            continue
-        if var.aval.nbytes >= RELEASE_MIN_BYTES:
-            released[last[i]].append(i)
-    return [tuple(r) for r in released]
-
-
-def run_steps(steps: Sequence[tuple[Any, tuple[int, ...]]], slots: list[Any]) -> None:
-    """Run each call over the slot list, dropping the values `release_after` gave it once it has run."""
-    for c, released in steps:
-        c.run(slots)
-        for i in released:
-            slots[i] = None
-
-
 class Executable:
     """A program ready to run: call it with the graph's input arrays, get its output arrays. `label` names
     it in the progress of a slow first call (`jitgrad.progress`)."""
@@ -312,7 +261,7 @@ class Executable:
 
     def _first_run(self, slots: list[Any]) -> None:
         """Run every step, telling a progress reporter before each kernel (each compiles on its first run).
-        With the compile helper (`kernels.helper`), the kernels are first compiled here and there, largest
+        With the compile helper (`kernels.build.helper`), the kernels are first compiled here and there, largest
         first, then the steps run. Background compiles wait until it returns (`background.Scheduler.foreground`).
         A first call that raised (a KeyboardInterrupt in a compile, say) leaves the next call a first call."""
         with background.scheduler.foreground():

@@ -16,7 +16,7 @@ from typing import Callable
 from jitgrad.loops import Branch, statements
 from jitgrad.primitive import Offset, Param
 from jitgrad.kernels.common import case_values, int_text, int_value
-from jitgrad.kernels.cpu_emit import Alias, LoopWriter
+from jitgrad.kernels.cpu.emit import Alias, LoopWriter
 
 MAX_SEGMENTS = 9  # more segments: the copies of the loop cost more compile time than the tests cost time
 

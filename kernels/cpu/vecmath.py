@@ -10,7 +10,7 @@ Use them only inside numba-compiled code; each one dispatches on its argument's
 type (float32 or float64; anything else is a typing error), and float32 stays
 float32, never promoted to float64::
 
-    from jitgrad.kernels.vecmath import vexp
+    from jitgrad.kernels.cpu.vecmath import vexp
 
     @numba.njit
     def kernel(x, out):

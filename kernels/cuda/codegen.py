@@ -24,9 +24,9 @@ import numpy as np
 
 from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
 
-from .common import (Writer, accumulator_dtype, combine, emit_branch, expression, identity_literal, index_text,
+from jitgrad.kernels.common import (Writer, accumulator_dtype, combine, emit_branch, expression, identity_literal, index_text,
                      numba_type)
-from .common import argument_names as kernel_arguments
+from jitgrad.kernels.common import argument_names as kernel_arguments
 
 THREADS = 256  # most threads in a block; shared buffers have this length
 WARP = 32

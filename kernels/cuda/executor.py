@@ -1,4 +1,4 @@
-"""CUDA runtime: a scheduled `Program` run on device arrays with the kernels of `jitgrad.kernels.cuda`.
+"""CUDA runtime: a scheduled `Program` run on device arrays with the kernels of `jitgrad.kernels.cuda.codegen`.
 
 Inputs: numba device arrays are used as they are, other objects exposing
 `__cuda_array_interface__` (CuPy arrays, PyTorch CUDA tensors) are wrapped without a copy, and
@@ -29,14 +29,14 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .errors import UnsupportedError
-from .loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_kernel
-from .ir import Atom, Aval, Var
-from .kernels import cuda as kc
-from .ops.linalg import matmul_p
-from .primitive import Kind
-from .buffers import outputs_to_copy
-from .runtime import SlotTable, release_after, run_steps
+from jitgrad.errors import UnsupportedError
+from jitgrad.loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_kernel
+from jitgrad.ir import Atom, Aval, Var
+from jitgrad.kernels.cuda import codegen as kc
+from jitgrad.ops.linalg import matmul_p
+from jitgrad.primitive import Kind
+from jitgrad.buffers import outputs_to_copy
+from jitgrad.kernels.slots import SlotTable, release_after, run_steps
 
 _lock = threading.RLock()
 _modules: dict[str, "DeviceModule"] = {}

@@ -8,7 +8,7 @@ import pytest
 from numba import cuda
 
 import jitgrad as jg
-from jitgrad import runtime_cuda
+from jitgrad.kernels.cuda import executor as runtime_cuda
 
 if not runtime_cuda.is_simulator() and not cuda.is_available():
     pytest.exit("tests/cuda needs a CUDA GPU, or NUMBA_ENABLE_CUDASIM=1 set before numba is first imported "

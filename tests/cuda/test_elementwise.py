@@ -5,7 +5,7 @@ from numba import cuda
 
 import jitgrad as jg
 from jitgrad import fusion, passes
-from jitgrad.kernels import cuda as kc
+from jitgrad.kernels.cuda import codegen as kc
 
 
 def test_chain_float32_is_one_kernel_and_agrees(check, rng) -> None:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import runtime_cuda
+from jitgrad.kernels.cuda import executor as runtime_cuda
 
 
 def loss(w, x, b):

@@ -4,7 +4,7 @@ import pytest
 from numba import cuda
 
 import jitgrad as jg
-from jitgrad import runtime_cuda
+from jitgrad.kernels.cuda import executor as runtime_cuda
 
 
 def backends() -> list[str]:

@@ -4,7 +4,7 @@ import pytest
 
 import jitgrad as jg
 from jitgrad import fusion, passes
-from jitgrad.kernels import cuda as kc
+from jitgrad.kernels.cuda import codegen as kc
 
 REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min}
 
