@@ -289,7 +289,7 @@ def child(library: str, case: str, size_name: str) -> dict[str, Any]:
     start = time.perf_counter()
     if library == "jitgrad":
         import jitgrad as jg
-        from jitgrad.kernels import compiler
+        from jitgrad.kernels.build import compiler
     else:
         import jax
         import jax.numpy  # noqa: F401

@@ -4,9 +4,6 @@ import shutil
 import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# The tests check the compiled kernels from the first call on (their numbers, their compile counts); the numpy
-# first call (jitgrad/first_call.py) has tests of its own, which set it. Child processes inherit this.
-os.environ.setdefault("JITGRAD_FIRST_CALL", "compiled")
 
 # Each test process (each pytest-xdist worker: pyproject's addopts run two) keeps its kernel disk cache in a
 # temporary folder of its own, removed when the process's session ends: one worker's compiles never show
