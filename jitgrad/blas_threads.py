@@ -78,9 +78,15 @@ class _OneThread:
 _one_thread = _OneThread()
 
 
+def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+    """Multiply-adds of a (..., M, K) @ (..., K, N) product, batch dimensions broadcast."""
+    batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    return int(np.prod(batch, dtype=np.int64)) * a_shape[-2] * a_shape[-1] * b_shape[-1]
+
+
 def matmul(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> np.ndarray:
     """np.matmul, on one OpenBLAS thread when the product has at most SMALL_PRODUCT multiply-adds."""
-    if a.ndim < 2 or b.ndim < 2 or a.size * b.shape[-1] > SMALL_PRODUCT or not _one_thread.enter():
+    if a.ndim < 2 or b.ndim < 2 or multiply_adds(a.shape, b.shape) > SMALL_PRODUCT or not _one_thread.enter():
         return np.matmul(a, b, **kwargs)
     try:
         return np.matmul(a, b, **kwargs)

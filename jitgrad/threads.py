@@ -78,11 +78,17 @@ class IdleTeam:
         self._master.join()
 
 
+def _user_chose_spin(policy_was_set: bool) -> bool:
+    """Did the user choose how OpenMP threads wait (OMP_WAIT_POLICY before jitgrad, GOMP_SPINCOUNT, or
+    JITGRAD_OPENMP_SPIN=keep)? Then jitgrad neither quiets nor warns."""
+    return policy_was_set or "GOMP_SPINCOUNT" in os.environ or os.environ.get(KEEP_SPIN_ENV) == "keep"
+
+
 def quiet_openmp_spinning(policy_was_set: bool) -> list[str]:
     """Shorten the spin of the GNU OpenMP runtimes loaded before jitgrad (torch's) to libgomp's
     oversubscribed count, unless the user chose a wait policy or spin count, or set JITGRAD_OPENMP_SPIN=keep.
     Returns the runtimes quieted so far (each once per process)."""
-    chose = policy_was_set or "GOMP_SPINCOUNT" in os.environ or os.environ.get(KEEP_SPIN_ENV) == "keep"
+    chose = _user_chose_spin(policy_was_set)
     if not chose:
         for path in gnu_openmp_runtimes():
             if path not in _idle_teams:
@@ -94,7 +100,7 @@ def warn_if_torch_spins(policy_was_set: bool, quieted: list[str]) -> None:
     """Warn once, at import, where torch started an OpenMP runtime before jitgrad that jitgrad cannot quiet
     (Intel's or LLVM's, as conda and macOS builds bring): its idle workers then spin after every torch op
     on the cores the next jitgrad call needs. Only the environment before torch's import can change it."""
-    chose = policy_was_set or "GOMP_SPINCOUNT" in os.environ or os.environ.get(KEEP_SPIN_ENV) == "keep"
+    chose = _user_chose_spin(policy_was_set)
     if chose or quieted or "torch" not in sys.modules:
         return
     warnings.warn("torch was imported before jitgrad, and its OpenMP runtime is not GNU's, which jitgrad can ask "

@@ -78,3 +78,9 @@ def test_a_traced_product_leaves_numpys_setting_and_matches_numpy(two_threads) -
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     want = x64.T @ (1 - np.tanh(x64 @ w64) ** 2)
     np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-4)
+
+
+def test_multiply_adds_count_broadcast_batches() -> None:
+    assert blas_threads.multiply_adds((4, 3), (3, 5)) == 60
+    assert blas_threads.multiply_adds((4, 3), (7, 3, 5)) == 7 * 60
+    assert blas_threads.multiply_adds((2, 1, 4, 3), (6, 3, 5)) == 12 * 60
