@@ -11,14 +11,11 @@ import pytest
 import jitgrad as jg
 from jitgrad import opinfo
 from jitgrad.__main__ import main
-from jitgrad.kernels.build import compiler
 from jitgrad.numpy_api import EQUIVALENTS
 
 
 def ops(*names: str) -> tuple[int, str]:
-    """main(["ops", *names]): its exit code and what it printed. Background compiles that earlier tests started
-    finish first: numba's colorama.init() in their thread rebinds sys.stdout, which lost this output."""
-    compiler.wait_for_background_compiles()
+    """main(["ops", *names]): its exit code and what it printed."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["ops", *names])

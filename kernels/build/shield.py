@@ -7,13 +7,18 @@ registries half imported (its first compile imports numba.np.* and SciPy; a late
 or lower), jitgrad's compile bookkeeping unbalanced (the garbage collector paused, background compiles held
 back, a thread's quick code generation left on). Here Ctrl-C stops the wait at once, the compile finishes
 behind it (into the dispatcher and the disk cache), and the next call finds it done or waits for it.
+
+A compile in a thread must also leave `sys.stdout` alone: see `stop_stdout_rebinding`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import threading
 from typing import Any, Callable, TypeVar
 
+from numba.core import errors as numba_errors
 from numba.core.compiler_lock import global_compiler_lock
 
 T = TypeVar("T")
@@ -59,3 +64,18 @@ def shield(dispatcher: Any) -> None:
     """Make a numba dispatcher compile through `run`: for new argument types on a call, and on `compile`."""
     for name in ("_compile_for_args", "compile"):
         setattr(dispatcher, name, functools.partial(_shielded, getattr(dispatcher, name)))
+
+
+def stop_stdout_rebinding() -> None:
+    """Make numba's error formatting leave `sys.stdout` and `sys.stderr` as they are.
+
+    Each message numba formats while typing (many, in a compile that succeeds) enters colorama's init()/deinit(),
+    which reads `sys.stdout` on entry and assigns it back on exit. Run in a background compile, that undoes
+    whatever the main thread bound meanwhile (contextlib.redirect_stdout, pytest's capsys): the user's prints
+    went to a stream they had already closed or replaced. On POSIX colorama wraps no stream (it converts ANSI
+    codes for Windows consoles only), so doing nothing there is the same output without the race."""
+    if os.name != "nt" and hasattr(numba_errors, "ColorShell"):
+        numba_errors.ColorShell = contextlib.nullcontext
+
+
+stop_stdout_rebinding()
