@@ -281,6 +281,11 @@ def _batch_transpose(b: Any, e: Eqn, args: Sequence[Any], dims: Sequence[Any]) -
 # ---------------------------------------------------------------------- views
 
 def _broadcast_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
+    """numpy's rule, checked on every equation recorded (a transformation's rule too, not only np.broadcast_to)."""
+    src = avals[0].shape
+    lead = len(shape) - len(src)
+    if lead < 0 or any(s not in (1, d) for s, d in zip(src, shape[lead:])):
+        raise ShapeError(f"broadcast_to: cannot broadcast shape {src} to {tuple(shape)}{where_text()}")
     return avals[0].with_shape(shape)
 
 
@@ -319,8 +324,15 @@ def _reshape_index(e: Eqn, index: tuple) -> tuple | None:
     return tuple(None if d == 1 else next(live) for d in src)
 
 
+def _reshape_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
+    """The same elements in a new shape."""
+    if int(np.prod(shape)) != int(np.prod(avals[0].shape)):
+        raise ShapeError(f"reshape: cannot reshape shape {avals[0].shape} to {tuple(shape)}{where_text()}")
+    return avals[0].with_shape(shape)
+
+
 reshape_p = declare(Primitive(
-    "reshape", Kind.VIEW, _broadcast_rule, lambda x, *, shape: np.asarray(x).reshape(shape),
+    "reshape", Kind.VIEW, _reshape_rule, lambda x, *, shape: np.asarray(x).reshape(shape),
     lambda cts, ins, outs, *, shape: [L.reshape(cts[0], ins[0].shape)], index_map=_reshape_index,
     simplify=_compose_or_unchanged, backward_label="ViewBackward", batch=_batch_reshape))
 

@@ -35,12 +35,12 @@ def _batch_matmul(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> t
     """Both operands batched: a batched product. One batched: its batch axis joins the rows of the left operand
     (the columns of the right one), so a batch of products with one shared matrix is one larger product."""
     (x, y), (dx, dy) = args, dims
-    if dx is not None and dy is not None and aval_of(x).shape[-1] == 1:  # outer products (per-example weight
-        x, y = b.move(x, dx, 0), b.move(y, dy, 0)  # gradients): one product per point, elementwise, so it fuses
-        shape = aval_of(x).shape[:-1] + aval_of(y).shape[-1:]
-        return [L.mul(L.broadcast_to(x, shape), L.broadcast_to(y, shape))], [0]
-    if dx is not None and dy is not None:
-        return batch_leading(b, e, args, dims)
+    if dx is not None and dy is not None:  # K read once the batch axis is first (it may be last, of length 1)
+        x, y = b.move(x, dx, 0), b.move(y, dy, 0)
+        if aval_of(x).shape[-1] != 1:
+            return batch_leading(b, e, [x, y], [0, 0])
+        shape = aval_of(x).shape[:-1] + aval_of(y).shape[-1:]  # outer products (per-example weight gradients):
+        return [L.mul(L.broadcast_to(x, shape), L.broadcast_to(y, shape))], [0]  # elementwise, so it fuses
     if dy is None:  # (..., B, M, K) as (..., B*M, K)
         n = aval_of(x).ndim
         x = b.move(x, dx, n - 3)
