@@ -275,19 +275,19 @@ class _Grouping:
 
 
 def schedule(graph: Graph) -> Program:
-    """Group `graph` into kernels and host steps, ordered so each step follows its inputs' producers; then,
-    where kernels read back values other kernels wrote only for them, the same with those values
-    recomputed by their readers (`jitgrad.remat`), if that lowers the peak memory without more kernels."""
-    program = _grouped(graph, frozenset())
+    """Group `graph` into kernels and host steps, ordered so each step follows its inputs' producers; then, where
+    kernels read back values other kernels wrote only for them, the same with those values recomputed by their
+    readers (`jitgrad.remat`), if that lowers the peak memory without more kernels; then `remat.recopy`."""
+    program, recomputed = _grouped(graph, frozenset()), frozenset()
     rewrite = remat.recompute_plan(graph, program)
-    if rewrite is None:
-        return program
-    candidate = _grouped(passes.dce(rewrite.graph), frozenset(rewrite.recomputed))
-    candidate.fusion_work += program.fusion_work
-    if len(candidate.kernels) <= len(program.kernels) and remat.peak_bytes(candidate) < remat.peak_bytes(program):
-        return candidate
-    program.fusion_work = candidate.fusion_work
-    return program
+    if rewrite is not None:
+        candidate = _grouped(passes.dce(rewrite.graph), frozenset(rewrite.recomputed))
+        candidate.fusion_work += program.fusion_work
+        if len(candidate.kernels) <= len(program.kernels) and remat.peak_bytes(candidate) < remat.peak_bytes(program):
+            program, recomputed = candidate, frozenset(rewrite.recomputed)
+        else:
+            program.fusion_work = candidate.fusion_work
+    return remat.recopy(program, lambda g: _grouped(passes.dce(g), recomputed))  # an im2col run again, not kept
 
 
 def _grouped(graph: Graph, recomputed: frozenset[Var]) -> Program:

@@ -161,12 +161,101 @@ def inline_custom(graph: Graph) -> Graph:
     return substitute(Graph(list(graph.inputs), eqns, list(graph.outputs), list(graph.input_names)), mapping)
 
 
+MAX_SUNK_EQNS = 16  # elementwise equations `sink_reshapes` may record again per reshape
+MAX_SUNK_COSTLY = 2  # of which transcendental: more, and computing them twice costs more than the pass saved
+
+
+def _regroups(e: Eqn) -> bool:
+    """Is `e` a reshape that regroups axes (a (N, C) array viewed as (B, H/2, 2, W/2, 2, C)), which kernels
+    cannot read through and so splits fusion groups?"""
+    if e.prim is not PRIMITIVES["reshape"]:
+        return False
+    src, out = e.inputs[0].aval.shape, e.outs[0].aval.shape
+    return [d for d in src if d != 1] != [d for d in out if d != 1]
+
+
+def sink_reshapes(graph: Graph) -> Graph:
+    """A regrouping reshape of an elementwise result becomes the elementwise ops recorded again on reshaped
+    operands (arrays reshaped, broadcasts of trailing axes broadcast to the new shape), so that they fuse with
+    what reads the reshape: a conv's bias and ReLU, computed on the (N, C) product, join the 2x2 max-pool that
+    reads them as (B, H/2, 2, W/2, 2, C), and the ReLU's output is neither written nor kept for the backward.
+    The same primitives on the same elements give the same bits. Only where a kernel op reads the reshape and
+    the reshaped value has no other reader; at most MAX_SUNK_EQNS equations (of which MAX_SUNK_COSTLY costly)
+    per reshape, as the ops under it that other equations read (the pre-activation the ReLU's gradient reads)
+    stay for them and are computed twice."""
+    if not any(_regroups(e) for e in graph.eqns):
+        return graph
+    producers = {o: e for e in graph.eqns for o in e.outs}
+    readers: dict[Var, list[Eqn]] = {}
+    for e in graph.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                readers.setdefault(a, []).append(e)
+    eqns: list[Eqn] = []
+    mapping: dict[Var, Atom] = {}
+    for e in graph.eqns:
+        e = remap_inputs(e, mapping)
+        x = e.inputs[0] if e.inputs else None
+        source = producers.get(x) if isinstance(x, Var) else None
+        fuses = any(r.prim.kind in (Kind.ELEMENTWISE, Kind.REDUCE) for r in readers.get(e.outs[0], ()))
+        if _regroups(e) and fuses and source is not None and source.prim.kind is Kind.ELEMENTWISE \
+                and len(readers[x]) == 1 and x not in graph.outputs:
+            made: list[Eqn] = []
+            found = _reshaped(x, e.outs[0].aval.shape, producers, made, {})
+            if found is not None and sum(m.prim.kind is Kind.ELEMENTWISE for m in made) <= MAX_SUNK_EQNS \
+                    and sum(m.prim.costly for m in made) <= MAX_SUNK_COSTLY:
+                eqns.extend(made)
+                mapping[e.outs[0]] = found
+                continue
+        eqns.append(e)
+    if not mapping:
+        return graph
+    return substitute(Graph(list(graph.inputs), eqns, list(graph.outputs), list(graph.input_names)), mapping)
+
+
+def _reshaped(a: Atom, shape: tuple[int, ...], producers: dict[Var, Eqn], made: list[Eqn],
+              memo: dict[Var, Atom | None]) -> Atom | None:
+    """`a` (an operand of an elementwise op whose result is reshaped to `shape`) in that shape, appending the
+    equations that make it to `made`; None where a broadcast does not keep its axes under the reshape."""
+    if isinstance(a, Literal):
+        value = np.asarray(a.value)
+        return Literal(value.reshape(shape), a.aval.with_shape(shape)) if value.shape == a.aval.shape else None
+    if a in memo:
+        return memo[a]
+    memo[a] = None  # a cycle cannot happen in SSA; this only marks the walk
+    e = producers.get(a)
+    out = Var(a.aval.with_shape(shape))
+    if e is not None and e.prim is PRIMITIVES["broadcast_to"]:
+        x = e.inputs[0]
+        kept = tuple(x.aval.shape)
+        while kept and kept[0] == 1:
+            kept = kept[1:]
+        n = len(kept)
+        if x.aval.ndim > len(shape) or (n and (tuple(a.aval.shape[-n:]) != kept or tuple(shape[-n:]) != kept)):
+            return None
+        made.append(Eqn(e.prim, (x,), {"shape": tuple(shape)}, (out,), e.source, e.label))
+    elif e is not None and (e.prim.kind is Kind.VIEW and e.prim is not PRIMITIVES["reshape"] or e.prim.select_map):
+        return None  # a strided view: reshaping it would copy it on the host
+    elif e is not None and e.prim.kind is Kind.ELEMENTWISE and len(e.outs) == 1 and len(made) <= 2 * MAX_SUNK_EQNS:
+        ins = []
+        for x in e.inputs:
+            r = _reshaped(x, shape, producers, made, memo)
+            if r is None:
+                return None
+            ins.append(r)
+        made.append(Eqn(e.prim, tuple(ins), e.params, (out,), e.source, e.label))
+    else:
+        made.append(Eqn(PRIMITIVES["reshape"], (a,), {"shape": tuple(shape)}, (out,), None, ""))
+    memo[a] = out
+    return out
+
+
 def optimize(graph: Graph, max_rounds: int = 8) -> Graph:
     """Run the passes to a fixed point (bounded)."""
     graph = strip_stop_gradient(inline_custom(graph))
     for _ in range(max_rounds):
         before = len(graph.eqns)
-        graph = dce(cse(simplify(fold_constants(graph))))
+        graph = dce(cse(sink_reshapes(simplify(fold_constants(graph)))))
         if len(graph.eqns) == before:
             break
     return graph

@@ -190,6 +190,9 @@ def _emit_rows(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
         stage, last = stages[0], kept[-1]
         points = split_points(stage.body, last)
         if points is not None or 1 < unswitched_loops(stage.body, last) <= MAX_UNSWITCHED_LOOPS:
+            if points is None:
+                emit_unswitched(w, k, depth, stage.body, stage.stores, last, tuple(kept[1:-1]))
+                return
             for a in kept[1:-1]:
                 depth = w.loop(depth, a, f"n{a}")
 
@@ -197,10 +200,7 @@ def _emit_rows(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
                 emit_body(w, k, at, statements)
                 emit_stores(w, k, at, stage.stores)
 
-            if points is None:
-                emit_unswitched(w, k, depth, stage.body, stage.stores, last)
-            else:
-                emit_split_loop(w, depth, last, "0", f"n{last}", stage.body, points, point)
+            emit_split_loop(w, depth, last, "0", f"n{last}", stage.body, points, point)
             return
     for a in kept[1:]:
         depth = w.loop(depth, a, f"n{a}")

@@ -136,16 +136,25 @@ def unswitched_loops(body: list, axis: int) -> int:
     return 0 if 0 in counts else sum(counts)
 
 
-def emit_unswitched(w: LoopWriter, k: LoopKernel, depth: int, body: list, stores: list[Store], axis: int) -> None:
+def emit_unswitched(w: LoopWriter, k: LoopKernel, depth: int, body: list, stores: list[Store], axis: int,
+                    pending: tuple[int, ...] = ()) -> None:
     """The innermost loop (over `axis`) inside each case of the body's region read, nested ones too, rather than
     the cases tested at every point: an im2col's nine shifted reads are nine contiguous copies of a row of
-    channels. Only where `unswitched_loops` is positive; the same statements per point, so the same values."""
+    channels. Only where `unswitched_loops` is positive; the same statements per point, so the same values. The
+    loops over `pending` axes open only where a case test needs their variable (else at the innermost loop), so a
+    test on an outer axis (which of the nine shifts) runs once per row of the axes under it, not per point."""
     n = _one_branch(body)
     if n is None:
+        for a in pending:
+            depth = w.loop(depth, a, f"n{a}")
         inner = w.loop(depth, axis, f"n{axis}")
         emit_body(w, k, inner, body)
         emit_stores(w, k, inner, stores)
         return
+    tested = {entry_axis(entry) for bounds, _, _ in body[n].cases for entry, _, _ in bounds}
+    for a in [a for a in pending if a in tested]:
+        depth = w.loop(depth, a, f"n{a}")
+    pending = tuple(a for a in pending if a not in tested)
     for test, case in zip(case_tests(body[n]), _case_bodies(body, n)):
         w.line(depth, test)
-        emit_unswitched(w, k, depth + 1, case, stores, axis)
+        emit_unswitched(w, k, depth + 1, case, stores, axis, pending)
