@@ -17,11 +17,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import buffers, programs, trees
-from .arguments import Arguments, as_tensors, numpy_args
+from .arguments import LEAF, STATIC, Arguments, as_tensors, numpy_args
 from .backends import backend
 from .errors import InputError
 from .explain import Explanation, ir_text, render
-from .plans import Plan, PlanCache
+from .plans import MISS, Plan, PlanCache
 from .traces import reading_captured
 from .tracebacks import api_boundary, filtered, keeps_all_frames
 from .tracing import Tracer, current_builder
@@ -108,14 +108,23 @@ class Traced:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:  # `api_boundary` inlined: the hot entry points spare its frame
-            if any(isinstance(a, Tracer) for a in args) or current_builder() is not None:
+            tracing = current_builder() is not None
+            if not kwargs and not tracing:
+                found = self.plans.repeat("call", args)  # a repeat call: one generated function (`RepeatCall`)
+                if found is not MISS:
+                    return found
+            if tracing or any(isinstance(a, Tracer) for a in args):
                 if kwargs:
                     args = self.arguments.positional(args, kwargs)
                 with reading_captured(self.fn):
                     return self.fn(*args)
             call = self._call(args, kwargs)
             plan, captured = self.plans.find(call)
-            outs = plan.call()(plan.inputs(call.leaves, captured))
+            exe = plan.call()
+            outs = exe(plan.inputs(call.leaves, captured))
+            n = len(outs)  # (the closure below must not keep the outputs: their buffers return to the pool)
+            self.plans.remember("call", call, plan, exe, lambda src, out: trees.expression(
+                src, plan.tree, [out(k) for k in range(n)]))
             return unflatten_output(plan.tree, self._results(outs, call.tensors))
         except Exception as exc:
             if keeps_all_frames(exc):
@@ -161,23 +170,23 @@ class Traced:
         by parameter name. Gradients come in each argument's own structure (a dict of parameters gives a dict
         of gradients). With `has_aux=True` the function returns (loss, aux): the result is ((loss, aux), grads)."""
         try:  # `api_boundary` inlined, as in __call__
+            key = ("value_and_grad", argnums, argnames, has_aux)  # the options as given: a repeat call's key
+            if not kwargs:
+                found = self.plans.repeat(key, args)
+                if found is not MISS:
+                    return found
             argnums = self.arguments.positions(argnums, argnames)
             if argnums is None:
                 argnums = 0  # JAX's default, and jg.grad's (not every argument: write argnums=(0, 1, ...))
             if isinstance(argnums, list):
-                argnums = tuple(argnums)  # a key of the compiled programs and the repeat-call table
+                argnums = tuple(argnums)  # a key of the compiled programs
             call = self._call(args, kwargs)
-            repeat = self.plans.fast_paths.get((argnums, has_aux, call.fast)) if call.fast is not None else None
-            if repeat is not None:
-                return repeat(call)
             plan, captured = self.plans.find(call)
             exe, positions, shape_result = plan.built(("value_and_grad", argnums, has_aux),
                                                       lambda: self._value_and_grad_program(plan, argnums, has_aux))
             outs = exe(plan.inputs(call.leaves, captured))
             result = self._value_and_grad_result(plan, outs, positions, shape_result, call.tensors)
-            if call.fast is not None and not call.tensors and self.device == "cpu":
-                self.plans.fast_paths[(argnums, has_aux, call.fast)] = self._repeat_value_and_grad(
-                    plan, exe, positions, shape_result, argnums, has_aux)
+            self.plans.remember(key, call, plan, exe, self._repeat_results(plan, positions, shape_result))
             return result
         except Exception as exc:
             if keeps_all_frames(exc):
@@ -192,29 +201,21 @@ class Traced:
         values = unflatten_output(plan.tree, self._results(outs[:n_values], tensors))
         return values, shape_result(plan.per_argument(grads, positions))
 
-    def _repeat_value_and_grad(self, plan: Plan, exe: Any, positions: list[int], shape_result: Callable[[list], Any],
-                               argnums: Any, has_aux: bool) -> Callable[[Any], tuple[Any, Any]]:
-        """value_and_grad for calls whose arguments match a seen signature exactly (numpy arrays of the same
-        shapes and dtypes, Python numbers, plain dicts, lists and tuples of them): plan lookup done once."""
-        cache = self.plans
-        read_captured = plan.captures.read if plan.captures else None
-        result = self._value_and_grad_result
-
-        def run(call: Any) -> tuple[Any, Any]:
-            inputs = plan.inputs(call.leaves, [])
-            if read_captured is not None:
-                captured = read_captured()
-                if captured is None:  # a captured array changed: forget the plan, the general path traces again
-                    with cache.lock:
-                        cache.forget(plan)
-                    return self.value_and_grad(*call.args, argnums=argnums, has_aux=has_aux)
-                inputs += captured
-            cache.stats["hits"] += 1
-            cache.used(plan)
-            return result(plan, exe(inputs), positions, shape_result, False)
-
-        run.plan = plan  # type: ignore[attr-defined]  # so a re-traced plan's fast path is dropped
-        return run
+    @staticmethod
+    def _repeat_results(plan: Plan, positions: list[int], shape_result: Callable[[list], Any]) -> Callable[..., str]:
+        """For `PlanCache.remember`: the expression of what `_value_and_grad_result` returns, from the expression
+        `out(k)` of each output as a result."""
+        def results(src: trees.Source, out: Callable[[int], str]) -> str:
+            n, wrt = len(plan.graph.outputs), plan.differentiable(positions)
+            grads = []
+            for i in positions:
+                structure = plan.signature.structures[i]
+                leaves = [out(n + wrt.index(k)) if k in wrt else "None" for k in plan.leaf_ranges[i]]
+                grads.append("None" if structure is STATIC else leaves[0] if structure is LEAF
+                             else trees.expression(src, structure, leaves))
+            shaped = f"({', '.join(grads)}{',' * bool(grads)})" if shape_result is tuple else grads[0]
+            return f"({trees.expression(src, plan.tree, [out(k) for k in range(n)])}, {shaped})"
+        return results
 
     def _value_and_grad_program(self, plan: Plan, argnums: int | Sequence[int] | None, has_aux: bool) -> tuple:
         self._scalar_output(plan, "value_and_grad", has_aux)
@@ -308,8 +309,8 @@ class Traced:
         """Counters, to see what a call traced and compiled. Per function: `hits` and `misses` of its plan cache
         (a miss traces) and `entries`, the plans it holds. Per process, shared by every traced function (kernels
         are shared): `kernels`, kernel sources held; `compiles`, machine code numba built; `disk_loads`, machine
-        code loaded from the disk cache instead (a warm process: compiles 0). CUDA ones for device="cuda"."""
-        return {**self.plans.stats, "entries": len(self.plans.plans), **self.backend.stats()}
+        code loaded from the disk cache instead (a warm process: compiles 0). A device backend's for its device."""
+        return {**self.plans.info(), **self.backend.stats()}
 
 
 def _resolve(module: Any, qualname: str) -> Any:
@@ -333,8 +334,8 @@ def _pickling_by_value() -> bool:
 
 def trace(fn: Callable[..., Any] | None = None, *, static_argnums: Sequence[int] | int = (),
           device: str = "cpu") -> Any:
-    """Compile a numpy function: `@jg.trace` or `@jg.trace(static_argnums=(1,))`; `device="cuda"` runs it on
-    a CUDA GPU (or numba's CUDA simulator) with device arrays in and out."""
+    """Compile a numpy function: `@jg.trace` or `@jg.trace(static_argnums=(1,))`; `device` names the backend it
+    runs on (`jitgrad.backends.REGISTRY`: "cpu", or a GPU's, with its device arrays in and out)."""
     if fn is None:
         return lambda f: Traced(f, static_argnums=static_argnums, device=device)
     return Traced(fn, static_argnums=static_argnums, device=device)

@@ -1,7 +1,7 @@
 """The arguments of a traced function's calls: bound by its signature (keywords included), flattened
 from pytrees into leaves, turned into the abstract values a plan is specialised on (static ones keyed by
-type and value, trees by their structure), torch tensors viewed as numpy arrays, and cotangents checked
-against the outputs they belong to."""
+type and value, trees by their structure), torch tensors viewed as numpy arrays; a device backend's arrays
+are recognised by asking the registered backends (`jitgrad.backends`)."""
 from __future__ import annotations
 
 import inspect
@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import optree
 
-from . import trees
+from . import backends, trees
 from .errors import InputError
 from .ir import Aval
 from .tracing import SUPPORTED_DTYPES
@@ -91,16 +91,6 @@ class Call:
     tensors: bool = False
 
 
-def device_array_aval(x: Any) -> Aval | None:
-    """Shape and dtype of a CUDA device array (numba's, or anything with `__cuda_array_interface__`)."""
-    interface = getattr(x, "__cuda_array_interface__", None)
-    if interface is not None:
-        return Aval(tuple(interface["shape"]), np.dtype(interface["typestr"]), False)
-    if getattr(x, "__cuda_ndarray__", False):
-        return Aval(tuple(x.shape), np.dtype(x.dtype), False)
-    return None
-
-
 def arg_aval(what: str | int, x: Any, fname: str, device: str = "cpu") -> Aval:
     """The abstract value of an argument (`what`: its position, or how a message names it): Python numbers are
     weakly typed, arrays keep their dtype."""
@@ -113,53 +103,36 @@ def arg_aval(what: str | int, x: Any, fname: str, device: str = "cpu") -> Aval:
     if isinstance(x, (np.ma.MaskedArray, np.matrix)):
         raise InputError(f"{fname}: {what} is a numpy {type(x).__name__}, whose semantics (masks, matrix "
                          f"products) jitgrad does not follow; pass a plain array (e.g. x.filled(0) or np.asarray(x))")
-    on_device = device_array_aval(x)
-    if on_device is not None:
-        if device != "cuda":
-            raise InputError(f"{fname}: {what} is a CUDA device array; trace with device='cuda', or copy it "
-                             f"to the host first")
-        if on_device.dtype not in SUPPORTED_DTYPES:
-            raise InputError(f"{fname}: {what} has dtype {on_device.dtype}; jitgrad accepts float32, float64, "
-                             f"integer and bool arrays")
-        return on_device
     if isinstance(x, (np.ndarray, np.generic)):
         dt = np.asarray(x).dtype
         if dt not in SUPPORTED_DTYPES:
             raise InputError(f"{fname}: {what} has dtype {dt}; jitgrad accepts float32, float64, integer and "
                              f"bool arrays (complex, object, string and float16 are not supported)")
         return Aval(np.shape(x), dt, False)
+    found = backends.device_array(x)
+    if found is not None:
+        owner, on_device = found
+        if owner.name != device:
+            raise InputError(f"{fname}: {what} is a {owner.title} device array; trace with device={owner.name!r}, "
+                             f"or copy it to the host first")
+        if on_device.dtype not in SUPPORTED_DTYPES:
+            raise InputError(f"{fname}: {what} has dtype {on_device.dtype}; jitgrad accepts float32, float64, "
+                             f"integer and bool arrays")
+        return on_device
     raise InputError(f"{fname}: {what} is a {type(x).__name__}; pass numpy arrays or Python numbers (or trees of "
                      f"them: dicts, lists, tuples, namedtuples, registered dataclasses), or list its position in "
                      f"static_argnums if it is a configuration value")
 
 
-def cotangent_array(g: Any, aval: Aval, fname: str, k: int) -> np.ndarray:
-    """A cotangent as an array of its output's dtype; complex or non-numeric values are refused."""
-    try:
-        arr = np.asarray(g)
-    except (TypeError, ValueError):
-        arr = np.empty(0, object)
-    if arr.dtype.kind not in "fiub":
-        raise InputError(f"{fname}: cotangent {k} is a {type(g).__name__} of dtype {arr.dtype}; pass a real "
-                         f"array of output {k}'s shape {aval.shape} ({aval.dtype})")
-    return arr.astype(aval.dtype, copy=False)
-
-
-def as_array(x: Any, aval: Aval) -> np.ndarray:
-    """Argument `x` as an array of its plan's dtype (a no-op for the common case)."""
-    if type(x) is np.ndarray and x.dtype == aval.dtype:
-        return x
-    return np.asarray(x, dtype=aval.dtype)
-
-
 def numpy_args(args: Sequence[Any], fname: str, device: str = "cpu") -> tuple[Sequence[Any], bool]:
     """The arguments with torch CPU tensors viewed as numpy arrays (no copy), and whether any were tensors.
-    Only looks for tensors once the program has imported torch: jitgrad never imports it. With
-    device="cuda", CUDA tensors stay as they are and results are device arrays (not tensors)."""
+    Only looks for tensors once the program has imported torch: jitgrad never imports it. On a device
+    backend (not `on_host`), tensors on a device stay as they are (its executor takes them as its device
+    arrays) and results are its device arrays (not tensors)."""
     tensor = getattr(sys.modules.get("torch"), "Tensor", None)
     if tensor is None or all(type(a) is np.ndarray for a in args) or not any(isinstance(a, tensor) for a in args):
         return args, False
-    if device == "cuda":
+    if not backends.backend_class(device).on_host:
         return tuple(_tensor_array(a, i, fname) if isinstance(a, tensor) and a.device.type == "cpu" else a
                      for i, a in enumerate(args)), False
     return tuple(_tensor_array(a, i, fname) if isinstance(a, tensor) else a for i, a in enumerate(args)), True

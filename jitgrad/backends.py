@@ -1,95 +1,105 @@
-"""Where compiled programs run. A backend compiles a scheduled program into something callable on its
-arrays, turns arguments into its inputs and outputs into results, takes cotangents, and counts what it
-compiled: the CPU (numba kernels on numpy arrays) and CUDA (numba's CUDA target on device arrays, its
-runtime imported on first use, so CPU-only code never loads it)."""
+"""Where compiled programs run: the `Backend` protocol (what the plan compiler asks of a backend) and the
+registry that chooses one by device name.
+
+A backend binds a scheduled program to its kernels (an `Executable`), turns a call's arguments into its
+inputs and its outputs into results, takes cotangents, recognises its own device arrays and counts what it
+compiled. Each lives in one folder of kernels/ (code generation, executor, adapter); its adapter class is
+registered here under the device name `jg.trace(device=...)` takes. This module is the one place that names
+the backends: the CPU's is imported with jitgrad, every other on first use, so CPU-only code never loads
+one, and a backend whose folder is missing makes its device "not available" and nothing else.
+"""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
-import numpy as np
-
-from .arguments import as_array, cotangent_array, device_array_aval
-from .errors import InputError, UnsupportedError
-from .loops import Program
+from .errors import UnsupportedError
 from .ir import Aval
-from .kernels.build import compiler
-from .kernels.cpu.executor import Executable
+from .kernels.cpu.backend import CpuBackend
+from .loops import Program
 
 
-class CpuBackend:
-    """numba's CPU kernels on numpy arrays; 0-d results come back as numpy scalars, as numpy's do."""
+class Executable(Protocol):
+    """A program bound to a backend's kernels: called with the graph's inputs, it returns its outputs."""
 
-    name = "cpu"
+    def __call__(self, args: Sequence[Any]) -> list[Any]: ...
+
+    @property
+    def kernel_count(self) -> int:
+        """The fused kernels it runs (copies and host steps not counted)."""
+
+
+class Backend(Protocol):
+    """What the plan compiler (`jitgrad.plans`) and the API (`jitgrad.api`, `jitgrad.arguments`) ask of a
+    backend. The class attributes and `device_aval` are asked of the class, before (or without) making one:
+    making one may fail where its device is missing."""
+
+    name: ClassVar[str]  # the device name it is registered under
+    title: ClassVar[str]  # how messages name it ("a <title> device array")
+    on_host: ClassVar[bool]  # runs on numpy arrays (torch CPU tensors in, tensors out); False: device arrays
+
+    @staticmethod
+    def device_aval(x: Any) -> Aval | None:
+        """Shape and dtype of `x` if it is one of this backend's device arrays, else None."""
 
     def executable(self, program: Program, label: str) -> Executable:
         """`program` bound to compiled kernels; `label` names it in the progress of a slow first call."""
-        return Executable(program, label)
 
     def inputs(self, args: Sequence[Any], avals: Sequence[Aval]) -> list[Any]:
-        return [as_array(x, a) for x, a in zip(args, avals)]
-
-    def result(self, a: np.ndarray) -> Any:
-        return a[()] if a.ndim == 0 else a
-
-    def cotangent(self, g: Any, aval: Aval, fname: str, k: int) -> Any:
-        return cotangent_array(g, aval, fname, k)
-
-    def stats(self) -> dict[str, int]:
-        """Process-wide: kernel sources loaded, machine-code builds, and kernels loaded from the disk cache."""
-        st = compiler.stats()
-        return {"kernels": st["sources"], "compiles": st["builds"], "disk_loads": st["disk_hits"]}
-
-
-class CudaBackend:
-    """numba's CUDA target (or its simulator) on device arrays; host values are moved to the device, results
-    stay there (0-d included)."""
-
-    name = "cuda"
-
-    def __init__(self) -> None:
-        self.runtime = cuda_runtime()
-        self.runtime.require_device()
-
-    def executable(self, program: Program, label: str) -> Any:
-        """`program` bound to device kernels; `label` names it for the CPU's compile progress only: CUDA first
-        calls report none yet (a cold device kernel compiles in about 0.2-0.7 s)."""
-        return self.runtime.CudaExecutable(program)
-
-    def inputs(self, args: Sequence[Any], avals: Sequence[Aval]) -> list[Any]:
-        return list(args)  # the executable moves host values to the device
+        """A call's argument leaves as the executable's inputs of `avals` (host values moved in, or not yet)."""
 
     def result(self, a: Any) -> Any:
-        return a
+        """One output as the caller gets it."""
 
     def cotangent(self, g: Any, aval: Aval, fname: str, k: int) -> Any:
-        on_device = device_array_aval(g)
-        if on_device is None:
-            return cotangent_array(g, aval, fname, k)
-        if on_device.dtype != aval.dtype:
-            raise InputError(f"{fname}: cotangent {k} is a {on_device.dtype} device array but output {k} is "
-                             f"{aval.dtype}")
-        return g  # a device cotangent is used where it lives
+        """Cotangent `k` of `fname`'s outputs (`aval`'s dtype) as the backward executable's input."""
 
     def stats(self) -> dict[str, int]:
-        """Process-wide: kernel sources, device compiles; CUDA kernels have no disk cache."""
-        st = self.runtime.stats()
-        return {"kernels": st["sources"], "compiles": st["device_compiles"], "disk_loads": 0}
+        """Process-wide counters: `kernels` (sources held), `compiles`, `disk_loads`."""
 
 
-def cuda_runtime() -> Any:
-    """The CUDA runtime module, imported on first use."""
-    try:
-        from .kernels.cuda import executor
-    except ImportError as exc:
-        raise UnsupportedError(f"device='cuda' needs numba's CUDA target (pip install 'jitgrad[cuda]'): "
-                               f"{exc}") from None
-    return executor
+def _cuda() -> type[Backend]:
+    from .kernels.cuda.backend import CudaBackend
+    return CudaBackend
 
 
-def backend(device: str) -> CpuBackend | CudaBackend:
-    """The backend of `device` ("cpu" or "cuda")."""
-    if device == "cpu":
-        return CpuBackend()
-    if device == "cuda":
-        return CudaBackend()
-    raise UnsupportedError(f"device {device!r} is not available; jitgrad supports device='cpu' and 'cuda'")
+# device name -> its backend's class (imported on first use): choosing a backend is a lookup here
+REGISTRY: dict[str, Callable[[], type[Backend]]] = {"cpu": lambda: CpuBackend, "cuda": _cuda}
+_loaded: dict[Callable[[], type[Backend]], type[Backend] | str] = {}  # factory -> its class, or why none
+
+
+def backend_class(device: str) -> type[Backend]:
+    """The class of `device`'s backend; an unknown device, or one whose backend cannot be imported, is refused."""
+    factory = REGISTRY.get(device)
+    if factory is None:
+        *others, last = [repr(d) for d in REGISTRY]
+        raise UnsupportedError(f"device {device!r} is not available; jitgrad supports device="
+                               f"{', '.join(others) + ' and ' if others else ''}{last}")
+    found = _loaded.get(factory)
+    if found is None:
+        try:
+            found = factory()
+        except ImportError as exc:
+            found = f"device {device!r} is not available: its backend cannot be imported ({exc})"
+        _loaded[factory] = found
+    if isinstance(found, str):
+        raise UnsupportedError(found)
+    return found
+
+
+def backend(device: str) -> Backend:
+    """The backend of `device` (a key of `REGISTRY`)."""
+    return backend_class(device)()
+
+
+def device_array(x: Any) -> tuple[type[Backend], Aval] | None:
+    """Whose device array `x` is (the backend's class) and its aval; None if no registered backend's (those that
+    cannot be imported are not asked)."""
+    for device in REGISTRY:
+        try:
+            kind = backend_class(device)
+        except UnsupportedError:
+            continue
+        aval = kind.device_aval(x)
+        if aval is not None:
+            return kind, aval
+    return None

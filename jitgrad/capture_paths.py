@@ -4,6 +4,7 @@ that check a captured container still has the structure a trace saw (`jitgrad.ca
 from __future__ import annotations
 
 import functools
+import keyword
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -122,3 +123,41 @@ class StructureGuard:
     def __str__(self) -> str:
         what = f"keys {list(self.keys)}" if self.keys is not None else f"length {self.length}"
         return f"{self.path}: {self.kind.__name__} of {what} (structure checked at every call)"
+
+
+def path_expression(path: ArrayPath, const: Callable[[Any], str]) -> str:
+    """`path.resolve()` as one Python expression, its holders and keys read from constants named by `const`."""
+    kind, expr = path.root[0], const(path.root[1])
+    if kind == "cell":
+        expr = f"{expr}.cell_contents"
+    elif kind == "entry":
+        expr = f"{expr}[{const(path.root[2])}]"
+    elif kind == "default":
+        expr = f"{expr}.__defaults__[{int(path.root[2])}]"
+    for step, key in path.steps:
+        plain = step == "attr" and isinstance(key, str) and key.isidentifier() and not keyword.iskeyword(key)
+        expr = f"{expr}.{key}" if plain else f"getattr({expr}, {const(key)})" if step == "attr" else \
+            f"{expr}[{const(key)}]"
+    return expr
+
+
+def read_source(src: Any, captures: Any, stale: str) -> list[str]:
+    """Lines of a generated repeat call (`jitgrad.plans.RepeatCall`, `src` a `jitgrad.trees.Source` naming
+    `ndarray`) that read `captures` as `Captures.read` does, `return {stale}` where it returns None: the structure
+    guards and constants by their own checks, each implicit input through its paths written out. The variables
+    holding the implicit inputs' arrays, in order."""
+    src.lines += [f"if not {src.const(g.holds)}(): return {stale}" for g in captures.structures]
+    checked = [*captures.constants, *(c for c in captures.inputs if c.snapshot is not None)]  # by value: as read
+    src.lines += [f"if {src.const(c.current)}() is None: return {stale}" for c in checked]
+    names = [src.fresh() for _ in captures.inputs]
+    if names:
+        src.line("try:")
+        for v, c in zip(names, captures.inputs):
+            src.line(f"    {v} = {path_expression(c.paths[0], src.const)}")
+            src.lines += [f"    if {path_expression(p, src.const)} is not {v}: return {stale}" for p in c.paths[1:]]
+        src.line(f"except {src.const(BROKEN_PATH)}: return {stale}")
+    for v, c in zip(names, captures.inputs):
+        dt, shape = src.const(c.aval.dtype), tuple(map(int, c.aval.shape))
+        src.line(f"if type({v}) is not ndarray or {v}.shape != {shape!r} or ({v}.dtype is not {dt} and "
+                 f"{v}.dtype != {dt}): return {stale}")
+    return names

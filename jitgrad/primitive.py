@@ -2,7 +2,8 @@
 
 A `Primitive` carries its shape/dtype rule, numpy reference, VJP rule (written with the IR-level
 binders of `jitgrad.lax`, so backward graphs keep dtypes exact and are differentiable again), its
-lowering per backend, whether it is costly to recompute, and, for reductions, how to accumulate.
+scalar lowering (the CPU's, which other backends read unless their own folder registers one), whether it
+is costly to recompute, and, for reductions, how to accumulate.
 The stages after tracing (autodiff, passes, fusion, kernels) read these fields and call these
 methods; none of them knows a primitive by name. The ops themselves are declared in
 `jitgrad.ops`, each next to its numpy binding.
@@ -18,7 +19,6 @@ import numpy as np
 from .ir import Atom, Aval, Eqn, Graph
 
 PRIMITIVES: dict[str, "Primitive"] = {}
-BACKENDS = ("cpu", "cuda", "cuda_sim")  # numba's CPU target, numba's CUDA target, and its simulator
 
 
 class Kind(enum.Enum):
@@ -76,7 +76,7 @@ def entry_axis(entry: int | Offset | None) -> int | None:
 
 @dataclass(frozen=True)
 class Lowering:
-    """One backend's scalar expression of an elementwise primitive: a template over `{0}`, `{1}`, ...
+    """A scalar expression of an elementwise primitive on a backend: a template over `{0}`, `{1}`, ...
     (the operands) and `{cast}` (the result's type), the helpers it calls (as "module.name"), and, where
     integer results need other code than floats, the template for them."""
 
@@ -88,14 +88,12 @@ class Lowering:
         return self.integer if self.integer is not None and np.dtype(dtype).kind in "iu" else self.template
 
 
-def lowerings(cpu: str, cuda: str | None = None, sim: str | None = None, imports: tuple[str, ...] = (),
-              integer: str | None = None) -> dict[str, Lowering]:
-    """Templates per backend: `cuda` defaults to the CPU one (operators, comparisons), `sim` to `cuda`;
-    `imports` are the CPU template's helpers; `integer`, if given, is every backend's template for
-    integer results."""
-    cuda = cpu if cuda is None else cuda
-    return {"cpu": Lowering(cpu, imports, integer), "cuda": Lowering(cuda, (), integer),
-            "cuda_sim": Lowering(cuda if sim is None else sim, (), integer)}
+def lowerings(cpu: str, imports: tuple[str, ...] = (), integer: str | None = None) -> dict[str, Lowering]:
+    """A record's lowering: the CPU's template, with `imports` its helpers; `integer`, if given, is every
+    backend's template for integer results. Another backend reads the same template (operators, comparisons)
+    unless its folder registers its own for the primitive (`jitgrad.kernels.common.register_lowering`); one
+    whose template calls helpers must."""
+    return {"cpu": Lowering(cpu, imports, integer)}
 
 
 @dataclass(frozen=True)
@@ -122,8 +120,8 @@ class Reduction:
 
 @dataclass(eq=False)
 class Primitive:
-    """One IR operation. `lowering` maps a backend ("cpu", "cuda", "cuda_sim") to a scalar expression
-    template over `{0}`, `{1}`, ... (and `{cast}`, the result's type), for elementwise ops."""
+    """One IR operation. `lowering["cpu"]`, for elementwise ops, is its scalar expression template over `{0}`,
+    `{1}`, ... (and `{cast}`, the result's type): the CPU's, and every other backend's that registers none."""
 
     name: str
     kind: Kind

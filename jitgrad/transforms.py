@@ -16,6 +16,7 @@ from .arguments import arg_aval
 from .autodiff import inline_graph, joint_vjp_graph, with_unit_cotangent
 from .errors import InputError
 from .ir import Aval, Graph
+from .plans import MISS
 from .traces import Trace, trace_to_graph
 from .tracebacks import api_boundary
 from .tracing import Tracer, current_builder
@@ -121,6 +122,10 @@ def value_and_grad(fn: Callable[..., Any], argnums: int | Sequence[int] = 0,
 
     @api_boundary
     def value_and_grad_fn(*args: Any) -> tuple[Any, Any]:
+        if compiled and current_builder() is None:  # a repeat call: its checks see no tracer among the leaves
+            found = compiled[0].plans.repeat(("value_and_grad", argnums, None, has_aux), args)
+            if found is not MISS:
+                return found
         if is_tracing(args):
             return _traced_value_and_grad(base, args, argnums, has_aux)
         if not compiled:

@@ -1,4 +1,5 @@
-"""The backends' home: ``cpu`` (numba code generation, runtime math and the executor on numpy arrays),
-``cuda`` (numba-cuda source for a GPU or numba's CUDA simulator, and its executor on device arrays),
-``build`` (numba compile infrastructure both share: compiling, disk cache, compile helper, background
-compiles), ``common`` (what both code writers share) and ``slots`` (what both executors share)."""
+"""The backends' home, one folder each: ``cpu`` (numba code generation, runtime math and the executor on numpy
+arrays) and the device backends' (code generation, lowerings, executor and adapter), each registered by
+`jitgrad.backends`; ``build`` (the numba compile infrastructure they share: compiling, disk cache, compile
+helper, background compiles), ``common`` (what the code writers share, the per-backend lowering tables
+included), ``slots`` (what the executors share) and ``host`` (what the adapters share)."""

@@ -1,6 +1,11 @@
-"""What the CPU and CUDA kernel writers share: numba type names, the scalar expression of an elementwise
-op on a backend (from its primitive's lowering), reduction identities, array index text, kernel argument
-names, and a line writer."""
+"""What every backend's kernel writer shares: numba type names, the lowerings registered per backend and the
+scalar expression of an elementwise op on a backend, reduction identities, array index text, kernel argument
+names, and a line writer.
+
+A primitive's record carries one lowering, the CPU's (`Primitive.lowering["cpu"]`). Another backend reads it
+too unless it registers its own template for that primitive (`register_lowering`, from its folder's table);
+a record template that calls helpers (`Lowering.imports`, the CPU's vector math) is the CPU's alone, so another
+backend must register one."""
 from __future__ import annotations
 
 import math
@@ -9,7 +14,30 @@ from typing import Callable
 import numpy as np
 
 from jitgrad.loops import Branch, Compute, LoopKernel, Reduction
-from jitgrad.primitive import Offset, Param
+from jitgrad.primitive import Lowering, Offset, Param, Primitive
+
+RECORD = "cpu"  # the backend whose lowering a primitive's record carries
+_TABLES: dict[str, dict[Primitive, str]] = {}  # backend -> primitive -> its template there
+
+
+def register_lowering(prim: Primitive, backend: str, template: str) -> None:
+    """`prim`'s scalar expression template on `backend`, in place of its record's (over `{0}`, `{1}`, ... and
+    `{cast}`; the record's `integer` template, where it has one, still serves integer results)."""
+    _TABLES.setdefault(backend, {})[prim] = template
+
+
+def lowering(prim: Primitive, backend: str) -> Lowering:
+    """`prim`'s lowering on `backend`: the template registered for it there, else its record's."""
+    record = prim.lowering[RECORD]
+    template = _TABLES.get(backend, {}).get(prim)
+    if template is not None:
+        return Lowering(template, (), record.integer)
+    if backend == RECORD:
+        return record
+    if record.imports:
+        raise LookupError(f"{prim!r} has no lowering on {backend!r}: its record's template calls helpers "
+                          f"{record.imports} only the {RECORD} backend imports; register one for {backend!r}")
+    return Lowering(record.template, (), record.integer)
 
 
 def numba_type(dtype: np.dtype) -> str:
@@ -18,9 +46,9 @@ def numba_type(dtype: np.dtype) -> str:
 
 
 def expression(c: Compute, backend: str) -> str:
-    """The scalar expression of one elementwise op on `backend` ("cpu", "cuda", "cuda_sim"), cast to its IR
-    dtype where numba's rules differ (integer arithmetic widens to int64 in numba)."""
-    template = c.prim.lowering[backend].for_dtype(c.dtype)
+    """The scalar expression of one elementwise op on `backend` (`lowering`), cast to its IR dtype where
+    numba's rules differ (integer arithmetic widens to int64 in numba)."""
+    template = lowering(c.prim, backend).for_dtype(c.dtype)
     expr = template.format(*c.args, cast=numba_type(c.dtype), f="f" if c.dtype == np.float32 else "")
     if c.dtype.kind in "iu" and not template.startswith("{cast}("):
         return f"{numba_type(c.dtype)}({expr})"

@@ -1,4 +1,4 @@
-"""What the CPU and CUDA executors share: a call's values in one flat slot list (`SlotTable`), the slots
+"""What every backend's executor shares: a call's values in one flat slot list (`SlotTable`), the slots
 each step drops once it has run (`release_after`), and running the steps over that list (`run_steps`)."""
 from __future__ import annotations
 

@@ -1,17 +1,21 @@
 """The package's structure as docs/architecture.md states it: the import graph of jitgrad/ and kernels/
-has no cycle (function-level imports included), kernels/ never names a primitive, a backend's folder is
-imported only from inside it and by the one place that chooses backends, the helpers a lowering names
-exist, and every primitive carries what the later stages read from it."""
+has no cycle (function-level imports included), kernels/ never names a primitive (but a backend's lowering
+table), a backend's folder is imported only from inside it and by the one place that chooses backends, no
+module outside the CUDA backend's folder but that registry names CUDA, backends are chosen by a registry
+lookup (a backend registered there is used, and needs nothing else), the helpers a lowering names exist, and
+every primitive carries what the later stages read from it."""
 from __future__ import annotations
 
 import ast
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 import jitgrad  # noqa: F401  (registers every primitive)
-from jitgrad.primitive import BACKENDS, PRIMITIVES, Kind
+from jitgrad import backends, interpreter
+from jitgrad.primitive import PRIMITIVES, Kind
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = {"jitgrad": ROOT / "jitgrad", "jitgrad.kernels": ROOT / "kernels"}
@@ -88,10 +92,12 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-# the CUDA executor still runs matmul by its primitive object (`matmul_p`): issue 35's lookups by identity
-NAMES_A_PRIMITIVE = {"cuda/executor.py"}
+# the CUDA executor still runs matmul by its primitive object (`matmul_p`): issue 35's lookups by identity;
+# a backend's lowering table registers templates for the primitives it names
+NAMES_A_PRIMITIVE = {"cuda/executor.py", "cuda/lowerings.py"}
 BACKEND_FOLDERS = ("cpu", "cuda")
 CHOOSES_BACKENDS = "jitgrad.backends"
+CHOOSES_BACKENDS_FILE = "jitgrad/backends.py"
 CPU_READERS = {"jitgrad.explain"}  # outside kernels/cpu/, still reads the CPU backend: shows its kernel source
 
 
@@ -139,7 +145,7 @@ def test_every_primitive_declares_what_later_stages_read(name) -> None:
     prim = PRIMITIVES[name]
     assert isinstance(prim.kind, Kind)
     if prim.kind is Kind.ELEMENTWISE:
-        assert set(prim.lowering) == set(BACKENDS), name
+        assert set(prim.lowering) == {"cpu"}, name  # the record's lowering; other backends register theirs
     if prim.kind is Kind.REDUCE:
         assert prim.reduction is not None and prim.reduction.combine, name
     if prim.kind is Kind.VIEW:
@@ -152,3 +158,115 @@ def test_no_module_is_longer_than_400_lines_without_saying_why() -> None:
         if len(lines) > 400:
             head = "\n".join(lines[:12])
             assert "over 400 lines" in head.lower(), f"{path} has {len(lines)} lines and no reason at its top"
+
+
+# ---------------------------------------------------------------------- backends: one folder, one registry line
+
+def test_only_the_cuda_folder_and_the_registry_mention_cuda() -> None:
+    """`grep -ril cuda jitgrad kernels --include=*.py` finds kernels/cuda/ and jitgrad/backends.py only: a
+    backend is one folder plus its registry line, and nothing else knows it (docstrings say "device backends")."""
+    found = sorted(path.relative_to(ROOT).as_posix() for folder in PACKAGES.values() for path in folder.rglob("*.py")
+                   if "cuda" in path.read_text().lower())
+    assert found, "the CUDA backend's folder is gone: nothing to check"
+    assert [f for f in found if not f.startswith("kernels/cuda/") and f != CHOOSES_BACKENDS_FILE] == []
+
+
+def test_choosing_a_backend_is_a_registry_lookup() -> None:
+    """`backends.backend` looks the device up in `REGISTRY` (no string switch), and every backend that loads
+    here has every member of the `Backend` protocol under the name it is registered by."""
+    tree = ast.parse((ROOT / CHOOSES_BACKENDS_FILE).read_text())
+    compared = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                for c in [n.left, *n.comparators] if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+    assert compared == [], "backends compares device names with strings"
+    members = {m for m in vars(backends.Backend) if not m.startswith("_")} | set(backends.Backend.__annotations__)
+    assert {"name", "on_host", "device_aval", "executable", "inputs", "result", "cotangent", "stats"} <= members
+    loaded = 0
+    for device in backends.REGISTRY:
+        try:
+            kind = backends.backend_class(device)
+        except jitgrad.UnsupportedError:
+            continue  # a backend whose folder is missing: "not available", nothing else
+        loaded += 1
+        assert kind.name == device and all(hasattr(kind, m) for m in members), (device, members - set(dir(kind)))
+    assert loaded and type(backends.backend("cpu")).name == "cpu"
+    with pytest.raises(jitgrad.UnsupportedError, match="device 'tpu' is not available; jitgrad supports device='cpu'"):
+        jitgrad.trace(lambda x: x, device="tpu")
+
+
+class _ReferenceExecutable:
+    """A program run by the numpy reference interpreter."""
+
+    kernel_count = 0
+
+    def __init__(self, program):
+        self.graph = program.graph
+
+    def __call__(self, args):
+        return interpreter.evaluate(self.graph, args)
+
+
+class ReferenceBackend:
+    """A third backend, numba-free: the whole of what one needs besides its registry line."""
+
+    name, title, on_host = "reference", "reference", True
+
+    @staticmethod
+    def device_aval(x):
+        return None
+
+    def executable(self, program, label):
+        return _ReferenceExecutable(program)
+
+    def inputs(self, args, avals):
+        return [np.asarray(x, dtype=a.dtype) for x, a in zip(args, avals)]
+
+    def result(self, a):
+        return a
+
+    def cotangent(self, g, aval, fname, k):
+        return np.asarray(g, dtype=aval.dtype)
+
+    def stats(self):
+        return {"kernels": 0, "compiles": 0, "disk_loads": 0}
+
+
+def test_a_backend_registered_in_the_registry_is_used(monkeypatch) -> None:
+    monkeypatch.setitem(backends.REGISTRY, "reference", lambda: ReferenceBackend)
+    w, x = np.linspace(-1, 1, 12).reshape(3, 4), np.linspace(0, 2, 4)
+
+    def loss(w, x):
+        return np.sum(np.tanh(w @ x) ** 2) + np.max(w)
+
+    f = jitgrad.trace(loss, device="reference")
+    assert f.cache_info()["kernels"] == 0 and f.plan(w, x).backend.name == "reference"
+    value, grads = f.value_and_grad(w, x, argnums=(0, 1))
+    want_value, want_grads = jitgrad.trace(loss).value_and_grad(w, x, argnums=(0, 1))
+    np.testing.assert_allclose(f(w, x), loss(w, x), rtol=1e-12)
+    np.testing.assert_allclose(value, want_value, rtol=1e-12)
+    for got, want in zip(grads, want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_a_backend_that_cannot_be_imported_is_not_available(monkeypatch) -> None:
+    def missing():
+        raise ModuleNotFoundError("No module named 'jitgrad.kernels.elsewhere'")
+
+    monkeypatch.setitem(backends.REGISTRY, "elsewhere", missing)
+    with pytest.raises(jitgrad.UnsupportedError, match="device 'elsewhere' is not available: .*elsewhere"):
+        jitgrad.trace(lambda x: x, device="elsewhere")
+    assert jitgrad.trace(lambda x: x + 1)(np.float64(1)) == 2  # asked about device arrays, it is passed over
+
+
+def test_a_backend_reads_the_record_lowering_unless_it_registers_its_own() -> None:
+    from jitgrad.kernels import common
+
+    add, exp = PRIMITIVES["add"], PRIMITIVES["exp"]
+    assert common.lowering(add, "elsewhere").template == add.lowering["cpu"].template == "({0} + {1})"
+    with pytest.raises(LookupError, match="vexp"):  # the CPU's vecmath: no other backend can import it
+        common.lowering(exp, "elsewhere")
+    common.register_lowering(exp, "elsewhere", "np.exp({0})")
+    try:
+        assert common.lowering(exp, "elsewhere").template == "np.exp({0})"
+        assert common.lowering(exp, "cpu") is exp.lowering["cpu"]
+    finally:
+        del common._TABLES["elsewhere"]

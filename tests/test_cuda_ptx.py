@@ -18,6 +18,7 @@ from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
 from jitgrad.loops import Compute
 from jitgrad.ir import Aval, Var
 from jitgrad.kernels.cuda import codegen as kc
+from jitgrad.kernels.common import lowering
 from jitgrad.primitive import PRIMITIVES, Kind, Primitive
 from jitgrad.kernels.cuda.executor import gather_kernel
 
@@ -126,7 +127,7 @@ ELEMENTWISE = sorted(n for n, p in PRIMITIVES.items() if p.kind is Kind.ELEMENTW
 @pytest.mark.parametrize("name", ELEMENTWISE)
 def test_every_elementwise_primitive_lowers_for_sm90(name) -> None:
     prim = PRIMITIVES[name]
-    arity = 1 + max(int(i) for i in re.findall(r"\{(\d+)\}", prim.lowering["cuda"].template))
+    arity = 1 + max(int(i) for i in re.findall(r"\{(\d+)\}", lowering(prim, kc.BACKENDS["gpu"]).template))
     for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         params = {"dtype": np.dtype(np.int32)} if name == "convert" else {}
         operands = _operand_dtypes(prim, dtype, arity)
@@ -137,3 +138,12 @@ def test_every_elementwise_primitive_lowers_for_sm90(name) -> None:
         source = (kc.GPU_HEADER + f"\n\ndef k({args}, o):\n    i = cuda.grid(1)\n    if i < o.shape[0]:\n"
                   f"        o[i] = {expr}\n")
         ptx(functions_of(source)["k"], (*[array_type(d, 1) for d in operands], array_type(out.dtype, 1)))
+
+
+@pytest.mark.parametrize("target", kc.TARGETS)
+def test_every_elementwise_primitive_has_a_lowering_on_each_target(target) -> None:
+    """The CUDA table (`kernels/cuda/lowerings.py`) or the record's template serves every elementwise primitive on
+    both targets; none reads a CPU template that calls vecmath, which device code cannot import."""
+    for name in ELEMENTWISE:
+        found = lowering(PRIMITIVES[name], kc.BACKENDS[target])
+        assert found.imports == () and not re.search(r"vecmath|\bv[a-z]+\(", found.template), name

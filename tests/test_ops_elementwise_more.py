@@ -464,6 +464,7 @@ np.savez(out, **results)
 def test_simulator_lowerings_give_numpys_numbers(tmp_path: Path) -> None:
     """The simulator's templates (the CUDA ones' logic in numpy's scalar functions) through the CUDA kernel
     writer, in a process of its own (the simulator must be on before numba is imported): numpy's bits."""
+    pytest.importorskip("jitgrad.kernels.cuda")  # a checkout without the CUDA backend runs its CPU tests only
     arrays: dict[str, np.ndarray] = {"e": np.tile(np.arange(-1100, 1100, 157), 400)}
     for dtype in (np.float32, np.float64):
         x, y = operand_pairs(dtype)
@@ -491,6 +492,7 @@ def test_simulator_lowerings_give_numpys_numbers(tmp_path: Path) -> None:
 
 def test_integer_and_exponent_lowerings_compile_for_sm90() -> None:
     """tests/test_cuda_ptx.py sweeps float operands; here the integer templates and ldexp's int64 exponent."""
+    pytest.importorskip("jitgrad.kernels.cuda")  # a checkout without the CUDA backend runs its CPU tests only
     from numba import cuda  # noqa: F401  (numba's CUDA target: PTX needs NVVM, not a GPU)
 
     from jitgrad.ir import Aval

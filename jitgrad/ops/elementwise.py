@@ -4,8 +4,8 @@ Over 400 lines: the elementwise op set is one table, a primitive and its binding
 split by theme it would scatter that table.
 
 A primitive's line gives its numpy reference, its VJP (with `jitgrad.lax`, exact dtypes), its lowering
-per backend (CPU template; CUDA and simulator where they differ) and whether it is costly to recompute;
-the line after it binds the numpy ufunc."""
+(the CPU's template; a device backend registers its own where it differs, in its folder of kernels/) and
+whether it is costly to recompute; the line after it binds the numpy ufunc."""
 from __future__ import annotations
 
 import math
@@ -25,19 +25,16 @@ from .core import (VECMATH, ArrayLike, aval_of, bool_aval, broadcast_shapes, bro
 E = elementwise_primitive
 
 
-def _math(name: str, vec: str | None = None, gpu: str | None = None) -> dict:
-    """Lowerings of a math function: numpy's (or vecmath's `vec`) on the CPU, libdevice's on CUDA, numpy's in
-    the simulator (whose Python `math` raises on inf and nan)."""
+def _math(name: str, vec: str | None = None) -> dict:
+    """The lowering of a math function: numpy's, or vecmath's `vec`."""
     cpu = f"{vec}({{0}})" if vec else f"np.{name}({{0}})"
-    return lowerings(cpu, f"math.{gpu or name}({{0}})", f"np.{name}({{0}})",
-                     imports=(f"{VECMATH}.{vec}",) if vec else ())
+    return lowerings(cpu, imports=(f"{VECMATH}.{vec}",) if vec else ())
 
 
 def _exact(name: str) -> dict:
-    """Lowerings of exp2, log2 or log10: vecmath's on the CPU (exact at integers and powers of two, where
-    exp(x ln 2) and log(x) / ln 2 are not), libdevice's on CUDA, numpy's in the simulator."""
-    return lowerings(f"v{name}({{0}})", f"libdevice.{name}{{f}}({{0}})", f"np.{name}({{0}})",
-                     imports=(f"{VECMATH}.v{name}",))
+    """The lowering of exp2, log2 or log10: vecmath's (exact at integers and powers of two, where
+    exp(x ln 2) and log(x) / ln 2 are not)."""
+    return lowerings(f"v{name}({{0}})", imports=(f"{VECMATH}.v{name}",))
 
 
 # ---------------------------------------------------------------------- unary math
@@ -59,23 +56,21 @@ tanh_p = E("tanh", np.tanh, lambda g, x, out: L.mul(g, L.sub(1, L.mul(out, out))
 sinh_p = E("sinh", np.sinh, lambda g, x, out: L.mul(g, L.cosh(x)), _math("sinh"), costly=True)
 cosh_p = E("cosh", np.cosh, lambda g, x, out: L.mul(g, L.sinh(x)), _math("cosh"), costly=True)
 arcsin_p = E("arcsin", np.arcsin, lambda g, x, out: L.div(g, L.sqrt(L.sub(1, L.mul(x, x)))),
-             _math("arcsin", gpu="asin"), costly=True)
+             _math("arcsin"), costly=True)
 arccos_p = E("arccos", np.arccos, lambda g, x, out: L.neg(L.div(g, L.sqrt(L.sub(1, L.mul(x, x))))),
-             _math("arccos", gpu="acos"), costly=True)
-arctan_p = E("arctan", np.arctan, lambda g, x, out: L.div(g, L.add(L.mul(x, x), 1)), _math("arctan", gpu="atan"),
+             _math("arccos"), costly=True)
+arctan_p = E("arctan", np.arctan, lambda g, x, out: L.div(g, L.add(L.mul(x, x), 1)), _math("arctan"),
              costly=True)
 arcsinh_p = E("arcsinh", np.arcsinh, lambda g, x, out: L.div(g, L.sqrt(L.add(L.mul(x, x), 1))),
-              _math("arcsinh", gpu="asinh"), costly=True)
+              _math("arcsinh"), costly=True)
 arctanh_p = E("arctanh", np.arctanh, lambda g, x, out: L.div(g, L.sub(1, L.mul(x, x))),
-              _math("arctanh", gpu="atanh"), costly=True)
+              _math("arctanh"), costly=True)
 sqrt_p = E("sqrt", np.sqrt, lambda g, x, out: L.div(L.mul(g, 0.5), out), _math("sqrt"))
 abs_p = E("abs", np.absolute, lambda g, x, out: L.mul(g, _sign_or_zero(x, g)), lowerings("abs({0})"))
-sign_p = E("sign", np.sign, None, lowerings(
-    "np.sign({0})", "({cast}(1) if {0} > 0 else ({cast}(-1) if {0} < 0 else ({0} if {0} != {0} else {cast}(0))))",
-    "np.sign({0})"))
+sign_p = E("sign", np.sign, None, lowerings("np.sign({0})"))
 floor_p = E("floor", np.floor, None, _math("floor"))
 ceil_p = E("ceil", np.ceil, None, _math("ceil"))
-rint_p = E("rint", np.rint, None, lowerings("np.rint({0})", "libdevice.rint{f}({0})", "np.rint({0})"))
+rint_p = E("rint", np.rint, None, lowerings("np.rint({0})"))
 isnan_p = E("isnan", np.isnan, None, _math("isnan"), rule=bool_aval)
 isfinite_p = E("isfinite", np.isfinite, None, _math("isfinite"), rule=bool_aval)
 
@@ -99,12 +94,10 @@ def _logistic_impl(x: Any) -> Any:
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
 
-_LOGISTIC = "({cast}(1) / ({cast}(1) + F(-{0})) if {0} >= 0 else F({0}) / ({cast}(1) + F({0})))"
 erf_p = E("erf", _erf_impl, lambda g, x, out: L.mul(g, L.mul(L.exp(L.neg(L.mul(x, x))), 2.0 / math.sqrt(math.pi))),
-          lowerings("{cast}(math.erf({0}))", "math.erf({0})", "{cast}(math.erf({0}))"), costly=True)
+          lowerings("{cast}(math.erf({0}))"), costly=True)
 logistic_p = E("logistic", _logistic_impl, lambda g, x, out: L.mul(L.mul(g, out), L.sub(1, out)),
-               lowerings("vsigmoid({0})", _LOGISTIC.replace("F", "math.exp"), _LOGISTIC.replace("F", "np.exp"),
-                         imports=(f"{VECMATH}.vsigmoid",)), costly=True)
+               lowerings("vsigmoid({0})", imports=(f"{VECMATH}.vsigmoid",)), costly=True)
 
 
 def _involution(e: Eqn, producer_of: Any) -> Atom | None:
@@ -261,18 +254,16 @@ pow_p = E("pow", np.power, _pow_vjp, lowerings("({0} ** {1})"), costly=True, sim
 # Ties return the second operand, as numpy's do (maximum(-0.0, 0.0) is 0.0); NaN in either operand propagates.
 maximum_p = E("maximum", np.maximum, _extremum_vjp("max"), lowerings("({0} if ({0} > {1} or {0} != {0}) else {1})"))
 minimum_p = E("minimum", np.minimum, _extremum_vjp("min"), lowerings("({0} if ({0} < {1} or {0} != {0}) else {1})"))
-atan2_p = E("atan2", np.arctan2, _atan2_vjp, lowerings("np.arctan2({0}, {1})", "math.atan2({0}, {1})",
-                                                        "np.arctan2({0}, {1})"), costly=True)
+atan2_p = E("atan2", np.arctan2, _atan2_vjp, lowerings("np.arctan2({0}, {1})"), costly=True)
 
 # numpy's remainder (the sign of the divisor; numpy's float rule, zero signs included): fmod, moved by
 # one divisor where the signs differ, -0/+0 as the divisor's sign. Integers: 0 for a zero divisor (and
 # for -1, whose remainder is always 0 and whose hardware division of the smallest int would trap).
-_FMOD = "{cast}(math.fmod({0}, {1}))"
+_FMOD = "{cast}(np.fmod({0}, {1}))"
 _REMAINDER = f"({_FMOD} + {{1}} if ({_FMOD} != 0 and (({{1}} < 0) != ({_FMOD} < 0))) else " \
-             f"({_FMOD} if {_FMOD} != 0 else math.copysign({{cast}}(0), {{1}})))"
+             f"({_FMOD} if {_FMOD} != 0 else np.copysign({{cast}}(0), {{1}})))"
 remainder_p = E("remainder", np.remainder, lambda g, x, y, out: (g, L.neg(L.mul(g, L.floor_divide(x, y)))),
-                lowerings(_REMAINDER.replace("math.", "np."), _REMAINDER, _REMAINDER.replace("math.", "np."),
-                          integer="({cast}(0) if ({1} == 0 or {1} == -1) else {0} % {1})"))
+                lowerings(_REMAINDER, integer="({cast}(0) if ({1} == 0 or {1} == -1) else {0} % {1})"))
 
 add = ufunc_binding(np.add, add_p)
 remainder = ufunc_binding(np.remainder, remainder_p, aliases=("mod",))

@@ -3,8 +3,8 @@ cbrt and arccosh as primitives; sinc, the degree/radian conversions, heaviside a
 of existing primitives, each numpy's own recipe (so numpy's numbers). Apart from `elementwise` so that
 module stays one readable table; this one is imported after it and reads its bindings.
 
-Templates are written once with numpy's scalar functions (the CPU's numba and the simulator's plain
-Python both call those); `_lowerings` derives the CUDA template by naming `math` (libdevice) instead."""
+Templates are written with numpy's scalar functions (numba's CPU target calls those); a device backend
+derives its own from them in its folder of kernels/ (naming `math` instead, say)."""
 from __future__ import annotations
 
 import math
@@ -28,16 +28,6 @@ LOG2E = "1.442695040888963407359924681001892137"  # numpy's NPY_LOG2E
 EXPONENT_CLAMP = 100_000  # ldexp exponents beyond this saturate any float (float64 needs at most ±2098)
 
 
-def _lowerings(template: str, gpu: dict[str, str] | None = None, integer: str | None = None,
-               sim: str | None = None) -> dict:
-    """CPU and simulator templates as written (numpy's scalar functions; `sim` for another one in the
-    simulator); on CUDA `np.<fn>` is `math.<fn>`, except the functions `gpu` maps to another name (libdevice's)."""
-    cuda = template
-    for name, replacement in (gpu or {}).items():
-        cuda = cuda.replace(name, replacement)
-    return lowerings(template, cuda.replace("np.", "math."), sim or template, integer=integer)
-
-
 def _trunc(z: Any) -> Any:
     """z rounded toward zero (floor of |z|, signed)."""
     return L.select(L.lt(z, 0), L.neg(L.floor(L.neg(z))), L.floor(z))
@@ -51,7 +41,7 @@ _MOD = "{0} % {1}"
 _FMOD_INT = (f"({{cast}}(0) if ({{1}} == 0 or {{1}} == -1) else ({_MOD} - {{1}} if ({_MOD} != 0 and "
              f"(({_MOD} < 0) != ({{0}} < 0))) else {_MOD}))")
 fmod_p = E("fmod", np.fmod, lambda g, x, y, out: (g, L.neg(L.mul(g, _trunc(L.div(x, y))))),
-           _lowerings("{cast}(np.fmod({0}, {1}))", integer=_FMOD_INT))
+           lowerings("{cast}(np.fmod({0}, {1}))", integer=_FMOD_INT))
 
 # numpy's float floor division (npy_divmod): the quotient (x - fmod(x, y)) / y, one less where the remainder
 # is nonzero and the signs of x and y differ, snapped to the nearest whole number (up only past .5), with the
@@ -63,7 +53,7 @@ _D = f"((({{0}} - {_M}) / {{1}}) - ({{cast}}(1) if ({_M} != 0 and (({{1}} < 0) !
 _FLOOR = f"np.floor({_D})"
 _SNAP = f"({_FLOOR} - ({{cast}}(-1) if {_D} - {_FLOOR} > {{cast}}(0.5) else {{cast}}(0)))"
 _FLOOR_DIVIDE = f"({{0}} / {{1}} if {{1}} == 0 else np.copysign({_SNAP}, {{0}} / {{1}}))"
-floor_divide_p = E("floor_divide", np.floor_divide, None, _lowerings(
+floor_divide_p = E("floor_divide", np.floor_divide, None, lowerings(
     _FLOOR_DIVIDE, integer="({cast}(0) if {1} == 0 else ((-{0}) if {1} == -1 else {0} // {1}))"))
 
 fmod = ufunc_binding(np.fmod, fmod_p)
@@ -101,20 +91,16 @@ def _logaddexp_template(log_term: str, tie: str) -> str:
 
 _LOGADDEXP = _logaddexp_template("np.log1p(np.exp(DIFF))", "{cast}(" + LN2 + ")")
 _LOGADDEXP2 = _logaddexp_template("{cast}(" + LOG2E + ") * np.log1p(np.exp2(DIFF))", "{cast}(1)")
-# The simulator calls numpy's own: its np.exp of a float32 scalar is numpy's vector expf, not the libm expf
-# numpy's logaddexp loop calls, and the difference grows by cancellation (the CPU test checks the template).
-_NUMPY_LOGADDEXP = "np.{}({{0}}, {{1}})"
 
-hypot_p = E("hypot", np.hypot, _hypot_vjp, _lowerings("np.hypot({0}, {1})"), costly=True)
+hypot_p = E("hypot", np.hypot, _hypot_vjp, lowerings("np.hypot({0}, {1})"), costly=True)
 logaddexp_p = E("logaddexp", np.logaddexp,
                 lambda g, x, y, out: (L.div(g, L.add(L.exp(L.sub(y, x)), 1)), L.div(g, L.add(L.exp(L.sub(x, y)), 1))),
-                _lowerings(_LOGADDEXP, sim=_NUMPY_LOGADDEXP.format("logaddexp")), costly=True)
+                lowerings(_LOGADDEXP), costly=True)
 logaddexp2_p = E("logaddexp2", np.logaddexp2,
                  lambda g, x, y, out: (L.div(g, L.add(L.pow(2, L.sub(y, x)), 1)),
                                        L.div(g, L.add(L.pow(2, L.sub(x, y)), 1))),
-                 _lowerings(_LOGADDEXP2, gpu={"np.exp2(": "libdevice.exp2{f}("},
-                            sim=_NUMPY_LOGADDEXP.format("logaddexp2")), costly=True)
-copysign_p = E("copysign", np.copysign, _copysign_vjp, _lowerings("np.copysign({0}, {1})"))
+                 lowerings(_LOGADDEXP2), costly=True)
+copysign_p = E("copysign", np.copysign, _copysign_vjp, lowerings("np.copysign({0}, {1})"))
 
 hypot = ufunc_binding(np.hypot, hypot_p)
 logaddexp = ufunc_binding(np.logaddexp, logaddexp_p)
@@ -137,7 +123,7 @@ def _ldexp_vjp(g: Any, x: Any, e: Any, out: Any) -> tuple[Any, None]:
 # numpy clamps exponents outside int32 (its loop takes a C int); clamping further changes no result.
 _CLAMPED = f"np.int32(max(-{EXPONENT_CLAMP}, min({EXPONENT_CLAMP}, {{1}})))"
 ldexp_p = E("ldexp", np.ldexp, _ldexp_vjp,
-            lowerings(f"np.ldexp({{0}}, {_CLAMPED})", f"math.ldexp({{0}}, {_CLAMPED})", "np.ldexp({0}, {1})"),
+            lowerings(f"np.ldexp({{0}}, {_CLAMPED})"),
             rule=_ldexp_rule)
 
 
@@ -158,9 +144,9 @@ def ldexp(x1: ArrayLike, x2: ArrayLike, /) -> ArrayLike:
 # ---------------------------------------------------------------------- cbrt, arccosh
 
 cbrt_p = E("cbrt", np.cbrt, lambda g, x, out: L.div(g, L.mul(L.mul(out, out), 3)),
-           lowerings("np.cbrt({0})", "libdevice.cbrt{f}({0})", "np.cbrt({0})"), costly=True)
+           lowerings("np.cbrt({0})"), costly=True)
 arccosh_p = E("arccosh", np.arccosh, lambda g, x, out: L.div(g, L.sqrt(L.sub(L.mul(x, x), 1))),
-              _lowerings("np.arccosh({0})", gpu={"np.arccosh(": "math.acosh("}), costly=True)
+              lowerings("np.arccosh({0})"), costly=True)
 
 cbrt = ufunc_binding(np.cbrt, cbrt_p)
 arccosh = ufunc_binding(np.arccosh, arccosh_p)

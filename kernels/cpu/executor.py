@@ -121,6 +121,7 @@ class _KernelCall:
         self.quick_calls = 0
         # No 0-d array to pass as 1-d and no view to make contiguous: `cpu.kernel_arguments` in one expression.
         self.plain = not self.contiguous and all(a.aval.ndim for a in [*self.kernel.inputs, *self.kernel.outputs])
+        self.settled: Any = None  # the serial kernel's dispatcher once nothing else can run (`Executable.steady`)
 
     def guessed_signature(self, slots: list[Any]) -> tuple:
         """numba's types of this call's arguments, guessed before the first call runs: the call's inputs and
@@ -158,6 +159,8 @@ class _KernelCall:
             self.chooser.record(chosen, time.perf_counter() - start)
         if self.serial == QUICK:
             self.promote(args)
+        elif self.chooser.fixed and self.chooser.choice == SERIAL and not self.contiguous and not self.buffers.pooled:
+            self.settled = self.compiled.functions[SERIAL]
         for i, o in zip(self.outputs, outs):
             slots[i] = o
 
@@ -205,6 +208,7 @@ class Executable:
         self.program = program
         self.label = label
         self.first = True  # the first call compiles the kernels, reporting progress when slow
+        self.settled = False  # `run` is the generated `steady` function
         self.numpy_first = first_call.Tier(program.graph, (SERIAL, QUICK), label)  # or runs on numpy while they compile
         graph = program.graph
         self.table = SlotTable(graph)
@@ -216,6 +220,7 @@ class Executable:
         self.copied = blas_operands.copied_views(program.steps)
         self.calls: list[_KernelCall | _HostCall] = [self._bind(s) for s in program.steps]
         self.output_slots, self.initial = [self._slot(a) for a in graph.outputs], self.table.initial
+        self.constants = self.initial[self.n_inputs:]  # the slots after the inputs, as each call starts them
         fresh = {i for c in self.calls if isinstance(c, _KernelCall) for i in c.outputs}
         fresh |= {i for c in self.calls if isinstance(c, _HostCall) and c.fresh for i in c.outputs}
         self.copy_output = outputs_to_copy(self.output_slots, fresh)
@@ -245,8 +250,11 @@ class Executable:
                            tuple(p for p, a in enumerate(step.inputs) if a in self.host_views))
 
     def __call__(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-        slots = list(self.initial)
-        slots[:self.n_inputs] = args
+        return self.run(args)
+
+    def run(self, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """A call over the slot list; replaced on the instance by the generated `steady` function once there is one."""
+        slots = [*args, *self.constants]
         if self.first:
             outs = self.numpy_first.call(args, slots, self.calls)
             if outs is not None:
@@ -254,10 +262,60 @@ class Executable:
             self._first_run(slots)
         else:
             run_steps(self.steps, slots)
+            if all(c.settled is not None if isinstance(c, _KernelCall) else c.buffers is None for c in self.calls):
+                self.run, self.settled = self.steady(), True  # type: ignore[method-assign]
         if not self.any_copy:
             return [slots[s] for s in self.output_slots]
         return [np.array(slots[s], copy=True) if copy else slots[s]
                 for s, copy in zip(self.output_slots, self.copy_output)]
+
+    def steady(self) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+        """The call as one generated function (`steady_source`): `run` once every kernel has settled."""
+        params = [f"a{i}" for i in range(self.n_inputs)]
+        lines, names, outs, _ = self.steady_source(params)
+        text = "".join(f"    {line}\n" for line in [f"{''.join(f'{p}, ' for p in params)}= args" * bool(params),
+                                                     *lines, f"return [{', '.join(outs)}]"])
+        exec(compile("def steady(args):\n" + text, f"<jitgrad steady call of {self.label}>", "exec"), names)
+        return names.pop("steady")  # not left in its own globals (a cycle)
+
+    def steady_source(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any], list[str], list[str]]:
+        """The settled call (every kernel on its settled serial code, no host step writing into a pooled buffer) as
+        lines reading the graph inputs from the expressions `inputs`: outputs allocated as each kernel takes them (0-d
+        as 1-d, `t<slot>`), dispatchers and constants bound (names `k<n>` of the returned dict), values dropped where
+        `release_after` says; no slot list. Also each output's expression (copied where `copy_output` says) and its
+        value's as a numpy scalar (a 0-d result's)."""
+        names: dict[str, Any] = dict(empty=np.empty, array=np.array, count=compiler.CompiledSource._count_new_overloads)
+
+        def ref(value: Any) -> str:
+            names[f"k{len(names)}"] = value
+            return f"k{len(names) - 1}"
+
+        slot = [f"s{i}" if v is None else ref(v) for i, v in enumerate(self.initial)]
+        slot[:self.n_inputs] = inputs
+        read, scalar = {i for c in self.calls for i in c.inputs}, {}
+        lines: list[str] = []
+        for c, released in self.steps:
+            ins = [slot[i] for i in c.inputs]
+            if isinstance(c, _KernelCall):
+                zero_d = [o.aval.ndim == 0 for o in c.kernel.outputs]
+                outs = [f"t{i}" if z else slot[i] for i, z in zip(c.outputs, zero_d)]
+                lines += [f"{t} = empty({tuple(map(int, o.aval.shape)) or (1,)!r}, {ref(o.aval.dtype)})"
+                          for t, o in zip(outs, c.kernel.outputs)]
+                ins = [f"{s}.reshape(1)" if a.aval.ndim == 0 else s for s, a in zip(ins, c.kernel.inputs)]
+                fn, source = ref(c.settled), ref(c.compiled)
+                lines += [f"known = len({fn}.overloads)", f"{fn}({''.join(f'{int(d)}, ' for d in c.kernel.domain)}"
+                          f"{''.join(f'{a}, ' for a in [*ins, *map(ref, c.scalars)])}{', '.join(outs)})",
+                          f"if len({fn}.overloads) != known: count({source}, {SERIAL!r})"]
+                for i in (i for i, z in zip(c.outputs, zero_d) if z):  # a result takes `t<slot>[0]`
+                    lines += [f"s{i} = t{i}.reshape(())"] * (i in read)
+                    slot[i], scalar[i] = f"s{i}" if i in read else f"t{i}.reshape(())", f"t{i}[0]"
+            else:
+                lines.append(f"{', '.join(slot[i] for i in c.outputs)}{', *_' * (len(c.outputs) > 1)} = "
+                             f"{ref(c.fn)}({''.join(f'{a}, ' for a in ins)}**{ref(c.params)})")
+            lines += [f"s{i} = None" for i in released if slot[i] == f"s{i}"]
+        outs = [f"array({slot[s]}, copy=True)" if copy else slot[s]
+                for s, copy in zip(self.output_slots, self.copy_output)]
+        return lines, names, outs, [scalar.get(s, f"{slot[s]}[()]") for s in self.output_slots]
 
     def _first_run(self, slots: list[Any]) -> None:
         """Run every step, telling a progress reporter before each kernel (each compiles on its first run).

@@ -13,7 +13,7 @@ Three kernel families, chosen from the loop nest and its lengths (`family`):
 The block reduction uses warp shuffles (`cuda.shfl_down_sync`) for 32/64-bit accumulators on a GPU
 and a shared-memory tree otherwise; the simulator has no shuffles, so ``target="simulator"`` always
 uses the tree. Scalar functions go through `math` (libdevice) on the GPU and numpy in the
-simulator (`FUNCTIONS`).
+simulator (the templates of `lowerings`, where a primitive's record template does not serve).
 Lengths and scalar constants are arguments, as on the CPU: one source serves every length.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, S
 from jitgrad.kernels.common import (Writer, accumulator_dtype, combine, emit_branch, expression, identity_literal, index_text,
                      numba_type)
 from jitgrad.kernels.common import argument_names as kernel_arguments
+from jitgrad.kernels.cuda import lowerings
 
 THREADS = 256  # most threads in a block; shared buffers have this length
 WARP = 32
@@ -46,8 +47,8 @@ def _check_target(target: str) -> None:
         raise ValueError(f"unknown CUDA target {target!r}; expected one of {TARGETS}")
 
 
-BACKENDS = {"gpu": "cuda", "simulator": "cuda_sim"}  # the lowering each target reads: libdevice's math on a
-# GPU; numpy's scalar functions in the simulator, which runs plain Python (whose `math` raises on inf and nan)
+BACKENDS = {"gpu": lowerings.GPU, "simulator": lowerings.SIMULATOR}  # the lowerings each target reads
+# (`lowerings`): libdevice's math on a GPU; numpy's scalar functions in the simulator, which runs plain Python
 
 
 def scalar_expression(c: Compute, target: str) -> str:

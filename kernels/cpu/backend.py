@@ -1,0 +1,43 @@
+"""The CPU backend's adapter (`jitgrad.backends.Backend`): numba's CPU kernels on numpy arrays."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from jitgrad.ir import Aval
+from jitgrad.kernels.build import compiler
+from jitgrad.kernels.cpu.executor import Executable
+from jitgrad.kernels.host import as_array, cotangent_array
+from jitgrad.loops import Program
+
+
+class CpuBackend:
+    """numba's CPU kernels on numpy arrays; 0-d results come back as numpy scalars, as numpy's do."""
+
+    name = "cpu"
+    title = "CPU"
+    on_host = True
+
+    @staticmethod
+    def device_aval(x: Any) -> Aval | None:
+        """None: the CPU's arrays are numpy's, which `jitgrad.arguments` describes itself."""
+        return None
+
+    def executable(self, program: Program, label: str) -> Executable:
+        """`program` bound to compiled kernels; `label` names it in the progress of a slow first call."""
+        return Executable(program, label)
+
+    def inputs(self, args: Sequence[Any], avals: Sequence[Aval]) -> list[Any]:
+        return [as_array(x, a) for x, a in zip(args, avals)]
+
+    def result(self, a: np.ndarray) -> Any:
+        return a[()] if a.ndim == 0 else a
+
+    def cotangent(self, g: Any, aval: Aval, fname: str, k: int) -> Any:
+        return cotangent_array(g, aval, fname, k)
+
+    def stats(self) -> dict[str, int]:
+        """Process-wide: kernel sources loaded, machine-code builds, and kernels loaded from the disk cache."""
+        st = compiler.stats()
+        return {"kernels": st["sources"], "compiles": st["builds"], "disk_loads": st["disk_hits"]}
