@@ -29,7 +29,7 @@ Three parts, printed as tables:
     process per library and case with empty caches (jitgrad: new JITGRAD_CACHE_DIR and NUMBA_CACHE_DIR;
     JAX: its persistent compilation cache disabled): the library's import time, the first call's seconds
     (JAX's includes starting its CPU backend), the second call's, and jitgrad's wait for the compiles
-    it left to the background. Each JITGRAD_FIRST_CALL mode when jitgrad has `jitgrad.first_call`.
+    it left to the background. Each JITGRAD_FIRST_CALL mode when jitgrad has `jitgrad.kernels.cpu.first_call`.
 (c) call overhead: W4 (value-and-grad of W1's elementwise chain at N = 16, three positional arrays) and the
     dict of ten arrays of bench/pytree_overhead.py, microseconds per call, median and p99.
 
@@ -322,8 +322,8 @@ def child(library: str, case: str, size_name: str) -> dict[str, Any]:
 
 
 def first_call_modes() -> list[str | None]:
-    """JITGRAD_FIRST_CALL's modes when jitgrad has them (jitgrad.first_call), else only the default."""
-    return ["numpy", "compiled"] if importlib.util.find_spec("jitgrad.first_call") is not None else [None]
+    """JITGRAD_FIRST_CALL's modes when jitgrad has them (jitgrad.kernels.cpu.first_call), else only the default."""
+    return ["numpy", "compiled"] if importlib.util.find_spec("jitgrad.kernels.cpu.first_call") is not None else [None]
 
 
 def run_child(library: str, case: str, size_name: str, mode: str | None) -> dict[str, Any]:

@@ -50,8 +50,9 @@ import workloads as wl
 import jitgrad as jg
 import torch
 import torch.nn.functional as F
-from jitgrad import cache, fusion, passes
-from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
+from jitgrad import cache
+from jitgrad.passes import fusion, simplify
+from jitgrad.passes.autodiff import joint_vjp_graph, with_unit_cotangent
 from jitgrad.kernels.build import collector, compiler
 
 DTYPE = np.float32
@@ -320,7 +321,7 @@ def measure_model(model: Model, s: Size, cands: list[wl.Candidate], rounds: int,
 
 def pipeline_stages(fn: Callable[..., Any], inputs: Sequence[np.ndarray], wrt: Sequence[int]) -> dict[str, float]:
     """Seconds of each stage jitgrad runs before numba compiles, built as `Traced.value_and_grad` builds
-    its program (trace, joint VJP with unit cotangent, passes.optimize, fusion.schedule, with the garbage
+    its program (trace, joint VJP with unit cotangent, simplify.optimize, fusion.schedule, with the garbage
     collector paused as there), and the sizes."""
     traced = jg.trace(fn)
     with collector.pause:  # as `Plan.built` and the trace pause it around these stages
@@ -330,7 +331,7 @@ def pipeline_stages(fn: Callable[..., Any], inputs: Sequence[np.ndarray], wrt: S
         joint = with_unit_cotangent(joint_vjp_graph(plan.graph, plan.differentiable(list(wrt))),
                                     len(plan.graph.inputs))
         t2 = time.perf_counter()
-        optimised = passes.optimize(joint)
+        optimised = simplify.optimize(joint)
         t3 = time.perf_counter()
         program = fusion.schedule(optimised)
         t4 = time.perf_counter()
@@ -440,7 +441,7 @@ def warm(run: Callable[[], Any], calls: int = 10) -> None:
 
 def child_cold_jitgrad(model: Model, s: Size) -> dict[str, Any]:
     """First value-and-grad in this process (the caller gives it empty caches: it runs on numpy while the
-    kernels compile, `jitgrad.first_call`), the second right after it (it waits for those compiles and runs
+    kernels compile, `jitgrad.kernels.cpu.first_call`), the second right after it (it waits for those compiles and runs
     them), then what it compiled, the wait for background (parallel) compiles, and the stages before numba
     timed on their own."""
     inputs = model.make_inputs(s, np.random.default_rng(0))

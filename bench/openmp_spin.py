@@ -1,6 +1,6 @@
 """torch's OpenMP spin beside jitgrad (issue 33): the bench models' steps, torch imported first, with torch's
 GNU OpenMP workers spinning as torch started them and with jitgrad's idle team making libgomp throttle them
-(`jitgrad.threads.IdleTeam`, what `import jitgrad` does in a torch-first process).
+(`jitgrad.runtime.threads.IdleTeam`, what `import jitgrad` does in a torch-first process).
 
     python bench/openmp_spin.py [--size small|medium] [--blocks N] [--rounds N] [--busy]
 
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import models  # noqa: E402
 import run as runner  # noqa: E402
 import workloads as wl  # noqa: E402
-from jitgrad import threads  # noqa: E402
+from jitgrad.runtime import threads  # noqa: E402
 
 
 def measure(model: models.Model, size: str, blocks: int, rounds: int) -> dict[tuple[str, str], list[float]]:

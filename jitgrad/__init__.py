@@ -50,25 +50,26 @@ _check_numpy()
 _policy_was_set = "OMP_WAIT_POLICY" in _os.environ
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import threads as _threads  # noqa: E402
+from jitgrad.runtime import threads as _threads  # noqa: E402
 
 _threads.choose_threading_layer()
 _threads.warn_if_torch_spins(_policy_was_set, _threads.quiet_openmp_spinning(_policy_was_set))
 
-from .api import Context, Traced, clear_caches, trace  # noqa: E402
-from .transforms import grad, value_and_grad, vjp  # noqa: E402
-from .errors import (ArgumentError, ConcretizationError, FunctionError, GradcheckError, InputError, JitgradError,  # noqa: E402
-                     PrecisionWarning, ShapeError, ThreadsWarning, TraceError, UnsupportedError)
-from . import numpy_api as _numpy_api  # noqa: E402,F401  (registers every op and numpy's protocols on traced arrays)
-from .dispatch import EXPORTS as _EXPORTS  # noqa: E402
-from .tracing import no_grad  # noqa: E402
-from .trees import (register_dataclass, register_pytree_node, tree_flatten, tree_leaves, tree_map,  # noqa: E402
-                    tree_structure, tree_unflatten)
-from .function import Function, FunctionCtx  # noqa: E402
-from .gradcheck import gradcheck, gradgradcheck  # noqa: E402
-from .forward import float0, hessian, jacfwd, jacobian, jacrev, jvp, linearize  # noqa: E402
-from .batching import vmap  # noqa: E402
-from . import optim  # noqa: E402  (jg.optim.SGD, Adam, AdamW)
+from jitgrad.front.api import Context, Traced, clear_caches, trace  # noqa: E402
+from jitgrad.front.transforms import grad, value_and_grad, vjp  # noqa: E402
+from jitgrad.errors import (ArgumentError, ConcretizationError, FunctionError, GradcheckError, InputError,
+                            JitgradError, PrecisionWarning, ShapeError, ThreadsWarning, TraceError,
+                            UnsupportedError)
+from jitgrad.ops import numpy_api as _numpy_api  # noqa: E402,F401  (registers every op and numpy's protocols on traced arrays)
+from jitgrad.tracing.dispatch import EXPORTS as _EXPORTS  # noqa: E402
+from jitgrad.tracing.tracer import no_grad  # noqa: E402
+from jitgrad.tracing.trees import (register_dataclass, register_pytree_node, tree_flatten, tree_leaves, tree_map,
+                                   tree_structure, tree_unflatten)
+from jitgrad.front.function import Function, FunctionCtx  # noqa: E402
+from jitgrad.front.gradcheck import gradcheck, gradgradcheck  # noqa: E402
+from jitgrad.front.forward import float0, hessian, jacfwd, jacobian, jacrev, jvp, linearize  # noqa: E402
+from jitgrad.front.batching import vmap  # noqa: E402
+from jitgrad import optim  # noqa: E402  (jg.optim.SGD, Adam, AdamW)
 
 globals().update(_EXPORTS)  # jg.<op> for every op the modules of jitgrad.ops declare (jg.sum, jg.gelu, ...)
 __version__ = "0.1.0"
@@ -85,7 +86,7 @@ def __getattr__(name: str) -> object:
     """`jg.torch` (PyTorch interop) and `jg.distributed` (Dask) are imported on first use: importing jitgrad never
     imports torch or Dask."""
     if name == "torch":
-        from . import torch_interop
+        from jitgrad.front import torch_interop
         globals()["torch"] = torch_interop
         return torch_interop
     if name == "distributed":  # a submodule of the attribute's own name: `from . import` would recurse here

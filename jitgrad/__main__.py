@@ -12,9 +12,10 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import cache, explain, opinfo
-from .api import Traced, trace
-from .errors import JitgradError
+from jitgrad import cache, opinfo
+from jitgrad.front import explain
+from jitgrad.front.api import Traced, trace
+from jitgrad.errors import JitgradError
 
 
 def _size(n: int) -> str:

@@ -29,9 +29,9 @@ except ImportError as exc:  # Dask is an optional dependency
     raise ImportError("jg.distributed needs Dask; install it with `python -m pip install 'jitgrad[distributed]'`") \
         from exc
 
-from . import __version__
-from .api import Traced
-from .errors import InputError, JitgradError
+from jitgrad import __version__
+from jitgrad.front.api import Traced
+from jitgrad.errors import InputError, JitgradError
 
 Reduce = Literal["mean", "sum"]
 _CHECK_ROWS = 16  # rows of the first shard that the first call uses to check `reduce` against fn

@@ -2,7 +2,7 @@
 refuses, its gradient convention and notes, and for an unsupported one what to write instead.
 
 Nothing here is a table of its own. Whether an op is supported and which keywords it takes come from the
-registry the ops fill (`jitgrad.dispatch`: FUNCTIONS, UFUNCS, METHODS, EXPORTS and each binding's numpy
+registry the ops fill (`jitgrad.tracing.dispatch`: FUNCTIONS, UFUNCS, METHODS, EXPORTS and each binding's numpy
 signature); what to write instead of an unsupported function from `numpy_api.EQUIVALENTS`, which its error
 message reads too; the gradient conventions and notes from the rows of docs/ops.md that name the op (the
 installed package carries a copy of docs/ops.md, see pyproject's package-data).
@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import numpy_api
-from .dispatch import _HINTS, EXPORTS, FUNCTIONS, METHOD_BINDINGS, METHODS, UFUNCS, Binding, numpy_name
+from jitgrad.ops import numpy_api
+from jitgrad.tracing.dispatch import (_HINTS, EXPORTS, FUNCTIONS, METHOD_BINDINGS, METHODS, UFUNCS, Binding, numpy_name)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # docs/ops.md: a copy inside the installed package, or the clone's docs/ beside jitgrad/

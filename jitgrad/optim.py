@@ -19,8 +19,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from .errors import InputError
-from .trees import TreeDef, tree_flatten, tree_unflatten
+from jitgrad.errors import InputError
+from jitgrad.tracing.trees import TreeDef, tree_flatten, tree_unflatten
 
 
 class SGDState(NamedTuple):

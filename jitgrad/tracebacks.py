@@ -22,7 +22,7 @@ import sysconfig
 import types
 from typing import Any, Callable, TypeVar
 
-from .errors import JitgradError
+from jitgrad.errors import JitgradError
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

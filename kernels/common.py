@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from jitgrad.loops import Branch, Compute, LoopKernel, Reduction
-from jitgrad.primitive import Lowering, Offset, Param, Primitive
+from jitgrad.passes.loops import Branch, Compute, LoopKernel, Reduction
+from jitgrad.ir.primitive import Lowering, Offset, Param, Primitive
 
 RECORD = "cpu"  # the backend whose lowering a primitive's record carries
 _TABLES: dict[str, dict[Primitive, str]] = {}  # backend -> primitive -> its template there

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from jitgrad.errors import InputError
-from jitgrad.ir import Aval
+from jitgrad.ir.graph import Aval
 
 
 def as_array(x: Any, aval: Aval) -> np.ndarray:

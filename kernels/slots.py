@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jitgrad.ir import Atom, Graph, Literal, Var
+from jitgrad.ir.graph import Atom, Graph, Literal, Var
 
 
 class SlotTable:

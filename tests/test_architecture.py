@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import jitgrad  # noqa: F401  (registers every primitive)
-from jitgrad import backends, interpreter
-from jitgrad.primitive import PRIMITIVES, Kind
+from jitgrad.runtime import backends
+from jitgrad.ir import interpreter
+from jitgrad.ir.primitive import PRIMITIVES, Kind
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = {"jitgrad": ROOT / "jitgrad", "jitgrad.kernels": ROOT / "kernels"}
@@ -84,7 +85,7 @@ def test_the_import_graph_has_no_cycle() -> None:
     for name in graph:
         graph[name] = {m for m in graph[name] if not (m.startswith(name + ".") and modules[name].name == "__init__.py")}
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
-    assert "jitgrad.ops" not in graph["jitgrad.tracing"] and "jitgrad.numpy_api" not in graph["jitgrad.tracing"]
+    assert "jitgrad.ops" not in graph["jitgrad.tracing.tracer"] and "jitgrad.ops.numpy_api" not in graph["jitgrad.tracing.tracer"]
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:
@@ -96,9 +97,9 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 # a backend's lowering table registers templates for the primitives it names
 NAMES_A_PRIMITIVE = {"cuda/executor.py", "cuda/lowerings.py"}
 BACKEND_FOLDERS = ("cpu", "cuda")
-CHOOSES_BACKENDS = "jitgrad.backends"
-CHOOSES_BACKENDS_FILE = "jitgrad/backends.py"
-CPU_READERS = {"jitgrad.explain"}  # outside kernels/cpu/, still reads the CPU backend: shows its kernel source
+CHOOSES_BACKENDS = "jitgrad.runtime.backends"
+CHOOSES_BACKENDS_FILE = "jitgrad/runtime/backends.py"
+CPU_READERS = {"jitgrad.front.explain"}  # outside kernels/cpu/, still reads the CPU backend: shows its kernel source
 
 
 def test_kernels_read_primitive_fields_never_names() -> None:
@@ -163,7 +164,7 @@ def test_no_module_is_longer_than_400_lines_without_saying_why() -> None:
 # ---------------------------------------------------------------------- backends: one folder, one registry line
 
 def test_only_the_cuda_folder_and_the_registry_mention_cuda() -> None:
-    """`grep -ril cuda jitgrad kernels --include=*.py` finds kernels/cuda/ and jitgrad/backends.py only: a
+    """`grep -ril cuda jitgrad kernels --include=*.py` finds kernels/cuda/ and jitgrad/runtime/backends.py only: a
     backend is one folder plus its registry line, and nothing else knows it (docstrings say "device backends")."""
     found = sorted(path.relative_to(ROOT).as_posix() for folder in PACKAGES.values() for path in folder.rglob("*.py")
                    if "cuda" in path.read_text().lower())
@@ -270,3 +271,39 @@ def test_a_backend_reads_the_record_lowering_unless_it_registers_its_own() -> No
         assert common.lowering(exp, "cpu") is exp.lowering["cpu"]
     finally:
         del common._TABLES["elsewhere"]
+
+
+# jitgrad/'s wings, lowest first: a module imports its own wing, the wings before it and the utilities only
+WINGS = ("ir", "tracing", "ops", "passes", "kernels", "runtime", "front")
+UTILITIES = {"jitgrad.errors", "jitgrad.tracebacks", "jitgrad.logging_setup", "jitgrad.cache"}  # importable anywhere
+TOP_LEVEL = {"jitgrad", "jitgrad.__main__", "jitgrad.opinfo", "jitgrad.optim",
+             "jitgrad.distributed"} | UTILITIES  # the package, its command line, op lookup and public namespaces
+
+
+def _wing(name: str) -> int | None:
+    parts = name.split(".")
+    return WINGS.index(parts[1]) if len(parts) > 1 and parts[1] in WINGS else None
+
+
+def test_each_wing_imports_only_the_wings_below_it_and_the_utilities() -> None:
+    modules = _modules()
+    for name, path in modules.items():
+        own = _wing(name)
+        for target in _imports(name, path, set(modules)) - {"jitgrad"}:  # `from jitgrad import cache`: its module
+            if target in UTILITIES:
+                continue
+            if name in UTILITIES:
+                raise AssertionError(f"utility {name} imports {target}")
+            if own is None:
+                continue  # the package and the top-level modules above every wing
+            reached = _wing(target)
+            assert reached is not None and reached <= own, f"{name} ({WINGS[own]}) imports {target}"
+
+
+def test_jitgrad_has_at_most_ten_top_level_modules_besides_its_wings() -> None:
+    top = {p.stem for p in PACKAGES["jitgrad"].glob("*.py")}
+    assert {f"jitgrad.{m}" if m != "__init__" else "jitgrad" for m in top} == TOP_LEVEL and len(top) <= 10
+    for wing in WINGS:
+        if wing != "kernels":
+            doc = ast.get_docstring(ast.parse((PACKAGES["jitgrad"] / wing / "__init__.py").read_text()))
+            assert doc and "Imports" in doc, wing  # what the wing owns and what it may import

@@ -1,4 +1,4 @@
-"""A transposed weight that many matrix products read is copied contiguous once per call (`jitgrad.blas_operands`):
+"""A transposed weight that many matrix products read is copied contiguous once per call (`jitgrad.kernels.cpu.blas_operands`):
 an unrolled RNN's backward reads Wh.T once per step. Asserted on the plan (which view is copied) and on numbers
 (torch's gradients)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import blas_operands
+from jitgrad.kernels.cpu import blas_operands
 
 RNG = np.random.default_rng(11)
 

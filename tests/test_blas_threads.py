@@ -1,5 +1,5 @@
 """jitgrad's small matrix products run on one OpenBLAS thread, by a rule on their shape alone
-(jitgrad/blas_threads.py): the same bits as numpy's product on one thread, whatever numpy's setting, and
+(jitgrad/ops/blas_threads.py): the same bits as numpy's product on one thread, whatever numpy's setting, and
 numpy's setting put back after them, also when many threads multiply at once."""
 import threading
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import blas_threads
+from jitgrad.ops import blas_threads
 
 pytestmark = pytest.mark.skipif(blas_threads._one_thread.found is None, reason="numpy's BLAS is not OpenBLAS")
 

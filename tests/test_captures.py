@@ -319,7 +319,7 @@ def test_backward_reads_with_unmaterialized_gradients_and_second_order() -> None
 def test_an_interrupt_while_the_trace_puts_captured_arrays_back_still_puts_them_all_back() -> None:
     """A KeyboardInterrupt raised by one restore (as Ctrl-C between two of them) does not leave the others
     as traced values: every one is put back before the interrupt goes on."""
-    from jitgrad import captures
+    from jitgrad.tracing import captures
 
     holder = {"a": np.ones(2), "b": np.full(2, 2.0), "c": np.full(2, 3.0)}
     originals = dict(holder)

@@ -11,7 +11,7 @@ import pytest
 import jitgrad as jg
 from jitgrad import opinfo
 from jitgrad.__main__ import main
-from jitgrad.numpy_api import EQUIVALENTS
+from jitgrad.ops.numpy_api import EQUIVALENTS
 
 
 def ops(*names: str) -> tuple[int, str]:

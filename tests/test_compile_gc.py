@@ -2,7 +2,7 @@
 trace, differentiate and fuse, runs it with Python's garbage collector paused (`jitgrad.kernels.build.collector`);
 the collector is back as it was afterwards, from any thread and after an error. numba's per-function
 optimisation round is skipped, and its whole-module round runs at a lower LLVM level, only inside a kernel's
-compile (`jitgrad.kernels.build.function_passes`), with the same bits as numba's own level."""
+compile (`jitgrad.kernels.build.numba_passes`), with the same bits as numba's own level."""
 import gc
 import threading
 
@@ -13,7 +13,7 @@ from numba.core import codegen as numba_codegen
 from numba.core import event as numba_event
 
 import jitgrad as jg
-from jitgrad.kernels.build import compiler, function_passes, quick_codegen
+from jitgrad.kernels.build import compiler, numba_passes, quick_codegen
 
 
 class _CompileProbe(numba_event.Listener):
@@ -29,9 +29,9 @@ class _CompileProbe(numba_event.Listener):
     def on_start(self, event: numba_event.Event) -> None:
         if compiler._is_kernel(event.data["dispatcher"]):
             self.enabled_at_start.append(gc.isenabled())
-            self.depth_at_kernels.append(function_passes.depth())
+            self.depth_at_kernels.append(numba_passes.depth())
         else:
-            self.depth_at_others.append(function_passes.depth())
+            self.depth_at_others.append(numba_passes.depth())
 
     def on_end(self, event: numba_event.Event) -> None:
         pass
@@ -152,7 +152,7 @@ def test_function_passes_skipped_in_kernel_compiles_only(probe) -> None:
     x = np.linspace(0.1, 1, 77, dtype=np.float32)
     value, grad = f.value_and_grad(x)
     assert probe.depth_at_kernels and min(probe.depth_at_kernels) >= 1
-    assert function_passes.depth() == 0
+    assert numba_passes.depth() == 0
 
     @numba.njit
     def users_own(a):
@@ -160,7 +160,7 @@ def test_function_passes_skipped_in_kernel_compiles_only(probe) -> None:
 
     np.testing.assert_array_equal(users_own(x), x * x + x)
     assert probe.depth_at_others[-1] == 0
-    assert numba_codegen.CPUCodeLibrary._optimize_functions.__module__ == function_passes.__name__
+    assert numba_codegen.CPUCodeLibrary._optimize_functions.__module__ == numba_passes.__name__
     np.testing.assert_allclose(value, np.sum(np.tanh(x) * np.log1p(x * x)), rtol=1e-5)
     want = (1 - np.tanh(x) ** 2) * np.log1p(x * x) + np.tanh(x) * 2 * x / (1 + x * x)
     np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
@@ -189,7 +189,7 @@ def test_kernel_module_level_only_in_kernel_compiles_and_same_bits(probe, monkey
     create = numba_codegen.create_pass_builder
 
     def recording(tm, opt=2, **kwargs):
-        levels.append((function_passes.depth(), opt))
+        levels.append((numba_passes.depth(), opt))
         return create(tm, opt=opt, **kwargs)
 
     monkeypatch.setattr(numba_codegen, "create_pass_builder", recording)
@@ -204,7 +204,7 @@ def test_kernel_module_level_only_in_kernel_compiles_and_same_bits(probe, monkey
     x, w = rng.normal(size=(37, 19)).astype(np.float32), rng.normal(size=(19, 23)).astype(np.float32)
     jg.trace(loss).value_and_grad(x, w, argnums=(0, 1))
     kernel_levels = {opt for d, opt in levels if d}
-    assert kernel_levels == {0, function_passes.KERNEL_MODULE_OPT}  # numba's cheap round, then the module round
+    assert kernel_levels == {0, numba_passes.KERNEL_MODULE_OPT}  # numba's cheap round, then the module round
 
     @numba.njit
     def users_own(a):
@@ -217,8 +217,8 @@ def test_kernel_module_level_only_in_kernel_compiles_and_same_bits(probe, monkey
     assert len(calls) >= 2
     for py_func, options, args in calls:  # each kernel compiled again at numba's level: the same bits
         outputs = {}
-        for level in (numba.config.OPT, function_passes.KERNEL_MODULE_OPT):
-            monkeypatch.setattr(function_passes, "KERNEL_MODULE_OPT", level)
+        for level in (numba.config.OPT, numba_passes.KERNEL_MODULE_OPT):
+            monkeypatch.setattr(numba_passes, "KERNEL_MODULE_OPT", level)
             copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
             numba.njit(error_model="numpy", **quick_codegen.numba_options(options))(py_func)(*copies)
             outputs[level] = copies
@@ -232,4 +232,4 @@ def test_kernel_module_level_in_disk_cache_key(tmp_path) -> None:
 
     entry = compiler.DiskCache(str(tmp_path), "jitgrad_kernel_x", "serial_kernel", {})
     codegen = cpu_target.target_context.codegen()
-    assert repr(function_passes.cache_tag()) in entry.entry_key("(float32,)", codegen)
+    assert repr(numba_passes.cache_tag()) in entry.entry_key("(float32,)", codegen)

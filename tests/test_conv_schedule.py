@@ -1,5 +1,5 @@
 """The conv net's schedule (issue 33): a conv's bias and ReLU fuse with the 2x2 max-pool reading them through a
-regrouping reshape (`passes.sink_reshapes`), an im2col's patches are copied again before the weight gradient's
+regrouping reshape (`simplify.sink_reshapes`), an im2col's patches are copied again before the weight gradient's
 product instead of being kept through the backward (`remat.recopy`), and an im2col copy kernel tests which of the
 nine shifts once per row of the padded axes (`kernels.cpu.emit.emit_unswitched`). Asserted on structure (kernels,
 what they write, the simulated peak, the pool's bytes) and on numbers: the same bits as without each rewrite."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import fusion, passes, programs, remat
-from jitgrad.loops import HostStep, LoopKernel
+from jitgrad.passes import fusion, simplify, recipes, remat
+from jitgrad.passes.loops import HostStep, LoopKernel
 
 RNG = np.random.default_rng(0)
 
@@ -48,7 +48,7 @@ def _assert_same_bits(a, b) -> None:
 
 def _program(fn, inputs, wrt) -> tuple:
     plan = jg.trace(fn).plan(*inputs)
-    return fusion.schedule(programs.value_and_grad_graph(plan.graph, wrt))
+    return fusion.schedule(recipes.value_and_grad_graph(plan.graph, wrt))
 
 
 def test_bias_and_relu_fuse_with_the_max_pool_through_the_reshape(monkeypatch) -> None:
@@ -61,7 +61,7 @@ def test_bias_and_relu_fuse_with_the_max_pool_through_the_reshape(monkeypatch) -
     assert not any(o.aval.shape == (2 * 8 * 8, 8) for k in kernels for o in k.outputs)  # ReLU's output not written
     np.testing.assert_array_equal(block(x, k1, b1), conv_relu_pool(x, k1, b1))
     fused = _value_and_grad(inputs)
-    monkeypatch.setattr(passes, "sink_reshapes", lambda graph: graph)
+    monkeypatch.setattr(simplify, "sink_reshapes", lambda graph: graph)
     plain = jg.trace(conv_relu_pool).plan(x, k1, b1).call().program.kernels
     assert len(plain) == len(kernels) + 1
     _assert_same_bits(fused, _value_and_grad(inputs))
@@ -73,7 +73,7 @@ def test_a_broadcast_that_the_reshape_regroups_stays_put() -> None:
     x = RNG.standard_normal((8, 6)).astype(np.float32)
     b = RNG.standard_normal((8, 1)).astype(np.float32)
     fn = lambda x, b: np.maximum(x + b, 0).reshape(4, 12).max(axis=1)  # noqa: E731
-    graph = passes.optimize(jg.trace(fn).plan(x, b).graph)
+    graph = simplify.optimize(jg.trace(fn).plan(x, b).graph)
     assert any(e.prim.name == "reshape" and e.inputs[0].aval.shape == (8, 6) for e in graph.eqns)
     np.testing.assert_array_equal(jg.trace(fn)(x, b), fn(x, b))
 
@@ -141,7 +141,7 @@ def test_the_conv_nets_pool_holds_less(monkeypatch) -> None:
     simulated peak of 9.2 MB, against 14.8 and 14.8 MB without the rewrites above."""
     inputs = _inputs(32, 32, 16, 32)
     pooled, peak = _pool_bytes(inputs)
-    monkeypatch.setattr(passes, "sink_reshapes", lambda graph: graph)
+    monkeypatch.setattr(simplify, "sink_reshapes", lambda graph: graph)
     monkeypatch.setattr(remat, "recopy", lambda program, regroup: program)
     plain_pooled, plain_peak = _pool_bytes(inputs)
     assert pooled <= 11_500_000 and pooled <= 0.8 * plain_pooled, (pooled, plain_pooled)

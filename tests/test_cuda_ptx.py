@@ -13,13 +13,13 @@ from numba import cuda, types
 from numba.np import numpy_support
 
 import jitgrad as jg
-from jitgrad import fusion, loops, passes
-from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
-from jitgrad.loops import Compute
-from jitgrad.ir import Aval, Var
+from jitgrad.passes import fusion, loops, simplify
+from jitgrad.passes.autodiff import joint_vjp_graph, with_unit_cotangent
+from jitgrad.passes.loops import Compute
+from jitgrad.ir.graph import Aval, Var
 from jitgrad.kernels.cuda import codegen as kc
 from jitgrad.kernels.common import lowering
-from jitgrad.primitive import PRIMITIVES, Kind, Primitive
+from jitgrad.ir.primitive import PRIMITIVES, Kind, Primitive
 from jitgrad.kernels.cuda.executor import gather_kernel
 
 SM90 = (9, 0)
@@ -56,7 +56,7 @@ def kernels_of(fn, *args) -> list[loops.LoopKernel]:
     wrt = plan.all_differentiable()
     if wrt and plan.graph.outputs[0].aval.size == 1 and plan.graph.outputs[0].aval.is_float:
         graphs.append(with_unit_cotangent(joint_vjp_graph(plan.graph, wrt), len(plan.graph.inputs)))
-    return [k for g in graphs for k in fusion.schedule(passes.optimize(g)).kernels]
+    return [k for g in graphs for k in fusion.schedule(simplify.optimize(g)).kernels]
 
 
 def ptx_of_kernel(k: loops.LoopKernel) -> dict[str, str]:

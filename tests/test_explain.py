@@ -10,7 +10,7 @@ import pytest
 
 import jitgrad as jg
 from jitgrad import __main__ as cli
-from jitgrad.explain import example_arrays
+from jitgrad.front.explain import example_arrays
 
 
 def loss(w, x, b):

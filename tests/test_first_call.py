@@ -1,4 +1,4 @@
-"""The numpy first call (jitgrad/first_call.py): a new executable's first call runs the graph on numpy while
+"""The numpy first call (kernels/cpu/first_call.py): a new executable's first call runs the graph on numpy while
 its kernels compile; the second waits for them and every later call runs them. Each test gets an empty
 kernel cache of its own, so that the kernels are not on disk already (a warm first call runs compiled)."""
 import os
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import first_call
+from jitgrad.kernels.cpu import first_call
 from jitgrad.kernels.build import compiler
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import jitgrad as jg
-from jitgrad import interpreter
-from jitgrad.autodiff import joint_vjp_graph, with_unit_cotangent
+from jitgrad.ir import interpreter
+from jitgrad.passes.autodiff import joint_vjp_graph, with_unit_cotangent
 
 UNARY: dict[str, Callable[[Any], Any]] = {
     "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "neg": np.negative, "square": lambda v: v * v,

@@ -46,7 +46,7 @@ def test_no_warning_where_the_policy_was_chosen_or_jitgrad_came_first(first, val
 def test_an_openmp_runtime_jitgrad_cannot_quiet_gets_one_warning_saying_what_to_set() -> None:
     """Where torch came first with an OpenMP runtime other than GNU's (none was quieted), the warning says
     what to set before Python starts."""
-    child = ("import warnings, torch; from jitgrad import threads\n"
+    child = ("import warnings, torch; from jitgrad.runtime import threads\n"
              "with warnings.catch_warnings(record=True) as seen:\n"
              "    warnings.simplefilter('always'); threads.warn_if_torch_spins(False, [])\n"
              "print(len(seen), seen[0].category.__name__, 'OMP_WAIT_POLICY=PASSIVE' in str(seen[0].message))")

@@ -22,8 +22,8 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import jitgrad as jg
     from numba.core import event
-    from jitgrad import programs
-    from jitgrad.kernels.build import background, collector, compiler, function_passes, helper, quick_codegen
+    from jitgrad.passes import recipes
+    from jitgrad.kernels.build import background, collector, compiler, numba_passes, helper, quick_codegen
     POINT = sys.argv[1]
     armed, compiling = [True], [False]
 
@@ -61,8 +61,8 @@ SCRIPT = textwrap.dedent("""
     event.register("numba:compile", OnCompile())
     signal.signal(signal.SIGALRM, signal.default_int_handler)
     if POINT == "fusion":
-        schedule = programs.schedule
-        programs.schedule = lambda graph: (interrupt_once(), schedule(graph), time.sleep(0.5))[1]
+        schedule = recipes.schedule
+        recipes.schedule = lambda graph: (interrupt_once(), schedule(graph), time.sleep(0.5))[1]
     if POINT == "compile":  # as a compile ends, in the garbage collection after it
         resume = collector.pause.exit
         collector.pause.exit = lambda: (compiling[0] and interrupt_once(), resume())[1]
@@ -109,7 +109,7 @@ SCRIPT = textwrap.dedent("""
         other=bool(found) and bool(np.isclose(found[0], np.sum(np.cos(np.arange(5.0)) * 3))),
         children=len(children), helper_ended=helper_ended, gc=gc.isenabled(), pause=collector.pause._depth,
         foreground=background.scheduler._foreground + len(background.scheduler._holders),
-        depths=[function_passes.depth(), quick_codegen.depth()])))
+        depths=[numba_passes.depth(), quick_codegen.depth()])))
     """)
 
 CHECK = textwrap.dedent("""

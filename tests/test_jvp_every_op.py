@@ -30,7 +30,8 @@ import test_ops_elementwise_more
 import test_ops_linalg
 import test_ops_scans_sorting
 import test_ops_shapes_more
-from jitgrad import interpreter, passes
+from jitgrad.ir import interpreter
+from jitgrad.passes import simplify
 from test_ops import FD_EPS, FD_TOL, FORWARD_TOL, EdgeDraw, HypothesisDraw, as_list, lay_out
 
 TABLES = (test_ops, test_ops_elementwise_more, test_ops_linalg, test_ops_scans_sorting, test_ops_shapes_more)
@@ -80,7 +81,7 @@ def evaluate_traced(fn, args: list[np.ndarray]) -> list[np.ndarray]:
     plan = jg.trace(fn).plan(*args)
     captured = plan.captures.read() or []
     with quiet():
-        return interpreter.evaluate(passes.optimize(plan.graph), list(args) + captured)
+        return interpreter.evaluate(simplify.optimize(plan.graph), list(args) + captured)
 
 
 def is_float0(t: Any) -> bool:

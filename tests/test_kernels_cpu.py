@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import fusion, passes
+from jitgrad.passes import fusion, simplify
 from jitgrad.kernels.cpu import codegen as cpu
 from numba import types
 
@@ -58,7 +58,7 @@ def test_float64_sums_give_the_same_bits_in_both_variants(shape, axis) -> None:
     rng = np.random.default_rng(7)
     x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape)
     f = jg.trace(lambda a: np.sum(np.sin(a) * a, axis=axis))
-    program = fusion.schedule(passes.optimize(f.plan(x).graph))
+    program = fusion.schedule(simplify.optimize(f.plan(x).graph))
     (kernel,) = program.kernels
     from jitgrad.kernels.build import compiler
     compiled = compiler.load(cpu.module_source(kernel), {"parallel_kernel": {"parallel": True}, "serial_kernel": {}})
@@ -107,7 +107,7 @@ def test_max_and_min_match_numpy_with_nan_and_signed_zeros(reduce, shape, axis) 
 
 
 def _kernel_source(fn, *args) -> str:
-    (kernel,) = fusion.schedule(passes.optimize(jg.trace(fn).plan(*args).graph)).kernels
+    (kernel,) = fusion.schedule(simplify.optimize(jg.trace(fn).plan(*args).graph)).kernels
     return cpu.generate(kernel, "kernel", parallel=False)
 
 
@@ -194,7 +194,7 @@ def test_column_sums_are_column_kernels_with_the_row_kernels_bits(shape, axis, d
     def body(a):
         return np.sum(np.sin(a) * a, axis=axis), a * 2.0
 
-    program = fusion.schedule(passes.optimize(jg.trace(body).plan(x).graph))
+    program = fusion.schedule(simplify.optimize(jg.trace(body).plan(x).graph))
     (kernel,) = program.kernels
     assert cpu.is_column_kernel(kernel)
     serial, parallel = _both_variants(kernel, [x])
@@ -212,7 +212,7 @@ def test_column_sums_are_column_kernels_with_the_row_kernels_bits(shape, axis, d
 def test_row_sums_and_pooled_reductions_stay_row_kernels() -> None:
     x = np.ones((4, 6, 8), np.float32)
     for fn in (lambda a: np.sum(a, axis=2), lambda a: np.sum(a, axis=1), lambda a: np.max(a, axis=0)):
-        program = fusion.schedule(passes.optimize(jg.trace(fn).plan(x).graph))
+        program = fusion.schedule(simplify.optimize(jg.trace(fn).plan(x).graph))
         assert not any(cpu.is_column_kernel(k) for k in program.kernels)
 
 
@@ -228,7 +228,7 @@ def test_counts_add_without_blocks_and_give_the_blocked_sums_bits(dtype, monkeyp
         peak = np.max(a, axis=(2, 4), keepdims=True)
         return np.sum((a == peak).astype(dtype), axis=(2, 4)), np.sum(a > 0, axis=(0, 1, 2, 3, 4), dtype=dtype)
 
-    program = fusion.schedule(passes.optimize(jg.trace(pooled_ties).plan(x).graph))
+    program = fusion.schedule(simplify.optimize(jg.trace(pooled_ties).plan(x).graph))
     kernels = list(program.kernels)
     counts = [r for k in kernels for st in k.stages for r in st.reductions if r.counts]
     assert len(counts) == 2 and not any(cpu.is_blocked(r) for r in counts)
@@ -265,7 +265,7 @@ def test_pooling_maxima_are_lane_kernels_with_the_row_kernels_bits(dtype, monkey
         m = np.max(a, axis=(2, 4), keepdims=True)
         return m, np.sum((a == m).astype(a.dtype), axis=(2, 4))
 
-    program = fusion.schedule(passes.optimize(jg.trace(pool).plan(x).graph))
+    program = fusion.schedule(simplify.optimize(jg.trace(pool).plan(x).graph))
     (kernel,) = program.kernels
     assert cpu.is_lane_kernel(kernel) and not cpu.is_column_kernel(kernel)
     assert "_v[u5]" in cpu.generate(kernel, "k")
@@ -286,7 +286,7 @@ def test_pooling_maxima_are_lane_kernels_with_the_row_kernels_bits(dtype, monkey
 def test_lane_kernels_leave_float_sums_to_row_and_column_kernels() -> None:
     x = np.ones((4, 6, 8), np.float32)
     for fn in (lambda a: np.sum(a, axis=1), lambda a: np.max(a, axis=2), lambda a: np.sum(a, axis=(0, 1))):
-        program = fusion.schedule(passes.optimize(jg.trace(fn).plan(x).graph))
+        program = fusion.schedule(simplify.optimize(jg.trace(fn).plan(x).graph))
         assert not any(cpu.is_lane_kernel(k) for k in program.kernels)
-    program = fusion.schedule(passes.optimize(jg.trace(lambda a: np.max(a, axis=1)).plan(x).graph))
+    program = fusion.schedule(simplify.optimize(jg.trace(lambda a: np.max(a, axis=1)).plan(x).graph))
     assert [cpu.is_lane_kernel(k) for k in program.kernels] == [True]

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import blas_threads, buffers, plans
+from jitgrad.ops import blas_threads
+from jitgrad.kernels import buffers
+from jitgrad.runtime import plans
 
 
 def test_varying_shapes_keep_rss_bounded(tmp_path) -> None:

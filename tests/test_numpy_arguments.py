@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad.dispatch import FUNCTIONS, METHOD_BINDINGS, NO_VALUE, UFUNCS, Binding
+from jitgrad.tracing.dispatch import FUNCTIONS, METHOD_BINDINGS, NO_VALUE, UFUNCS, Binding
 
 X = np.arange(1.0, 13.0).reshape(3, 4) / 4  # positive, away from 0: every ufunc is defined on it
 BOOLS = X > 1.5

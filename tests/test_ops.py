@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import jitgrad as jg
-from jitgrad import programs
+from jitgrad.passes import recipes
 
 FLOATS = (np.float32, np.float64)
 LAYOUTS = ("C", "transposed", "strided")
@@ -676,7 +676,7 @@ def test_float32_gradients_stay_float32(spec: Spec) -> None:
     f = jg.trace(lambda *xs: sum(jg.sum(o) for o in as_list(spec.fn(*xs, **params))))
     plan = f.plan(*args)
     wrt = [k for k, a in enumerate(args) if a.dtype.kind == "f"]
-    graph = programs.value_and_grad_graph(plan.graph, plan.differentiable(wrt))
+    graph = recipes.value_and_grad_graph(plan.graph, plan.differentiable(wrt))
     wide = [f"{e.prim.name} -> {o.aval}" for e in graph.eqns for o in e.outs if o.aval.dtype == np.float64]
     assert not wide, wide
 

@@ -495,10 +495,10 @@ def test_integer_and_exponent_lowerings_compile_for_sm90() -> None:
     pytest.importorskip("jitgrad.kernels.cuda")  # a checkout without the CUDA backend runs its CPU tests only
     from numba import cuda  # noqa: F401  (numba's CUDA target: PTX needs NVVM, not a GPU)
 
-    from jitgrad.ir import Aval
+    from jitgrad.ir.graph import Aval
     from jitgrad.kernels.cuda import codegen as kc
-    from jitgrad.loops import Compute
-    from jitgrad.primitive import PRIMITIVES
+    from jitgrad.passes.loops import Compute
+    from jitgrad.ir.primitive import PRIMITIVES
     from test_cuda_ptx import array_type, functions_of, ptx
 
     cases = [("fmod", np.int64, np.int64), ("floor_divide", np.int64, np.int64), ("fmod", np.uint8, np.uint8),

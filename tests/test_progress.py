@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import progress
+from jitgrad.kernels.build import progress
 from jitgrad.kernels.build import compiler
 
 # Two kernels with a matmul (a host step) between them; small arrays, so only the serial variants compile.

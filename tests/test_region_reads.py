@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import fusion, passes, programs
+from jitgrad.passes import fusion, simplify, recipes
 from jitgrad.kernels.build import compiler
-from jitgrad.loops import HostStep
+from jitgrad.passes.loops import HostStep
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((5, 6)).astype(np.float32)
@@ -21,8 +21,8 @@ Y = RNG.standard_normal((5, 3)).astype(np.float32)
 def _host_steps(fn, *inputs) -> list[str]:
     """The host steps of `fn`'s value-and-grad program, by primitive name."""
     plan = jg.trace(fn).plan(*inputs)
-    graph = programs.value_and_grad_graph(plan.graph, plan.differentiable(list(range(len(inputs)))))
-    return [s.eqn.prim.name for s in fusion.schedule(passes.optimize(graph)).steps if isinstance(s, HostStep)]
+    graph = recipes.value_and_grad_graph(plan.graph, plan.differentiable(list(range(len(inputs)))))
+    return [s.eqn.prim.name for s in fusion.schedule(simplify.optimize(graph)).steps if isinstance(s, HostStep)]
 
 
 def im2col_loss(x, k):
@@ -112,7 +112,7 @@ def test_a_copy_kernel_writes_a_region_read_of_many_views_numpy_the_rest() -> No
     assert np.array_equal(along_last(wide), shifted_columns(wide))
     assert jg.trace(shifted_columns).kernel_counts(wide[:32])["call"] == 1  # 0.6 MiB: a copy kernel
     assert two.kernel_counts(X, Y)["call"] == 0 and "concatenate" in [
-        s.eqn.prim.name for s in fusion.schedule(passes.optimize(two.plan(X, Y).graph)).steps
+        s.eqn.prim.name for s in fusion.schedule(simplify.optimize(two.plan(X, Y).graph)).steps
         if isinstance(s, HostStep)]
     n, h, w, c = x.shape
     p = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))

@@ -1,4 +1,4 @@
-"""Rematerialisation (`jitgrad.remat`): values a forward kernel wrote only for the backward to read
+"""Rematerialisation (`jitgrad.passes.remat`): values a forward kernel wrote only for the backward to read
 (GELU's tanh, softmax's exp, LayerNorm's centred input) are recomputed by the backward kernels. Asserted
 on structure (what each kernel writes, the simulated peak of live intermediates, the kernel count) and
 on numbers: the same bits as the program without recomputation, and torch's gradients."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import fusion, passes, programs, remat
-from jitgrad.loops import LoopKernel
+from jitgrad.passes import fusion, simplify, recipes, remat
+from jitgrad.passes.loops import LoopKernel
 
 C = math.sqrt(2 / math.pi)
 
@@ -50,8 +50,8 @@ LOSSES = {"mlp": mlp_loss, "attention": attention_loss, "layer_norm": layer_norm
 def _programs(fn, inputs):
     """The value-and-grad program as scheduled, and the same graph grouped without recomputation."""
     plan = jg.trace(fn).plan(*inputs)
-    graph = programs.value_and_grad_graph(plan.graph, plan.differentiable(list(range(len(inputs)))))
-    optimised = passes.optimize(graph)
+    graph = recipes.value_and_grad_graph(plan.graph, plan.differentiable(list(range(len(inputs)))))
+    optimised = simplify.optimize(graph)
     return fusion.schedule(optimised), fusion._grouped(optimised, frozenset())
 
 

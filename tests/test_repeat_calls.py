@@ -1,5 +1,5 @@
 """Repeat calls (issue 36): a call whose arguments match a signature seen before runs through one generated
-function (`jitgrad.plans.RepeatCall`) and, once its kernels have settled, a generated executable
+function (`jitgrad.runtime.plans.RepeatCall`) and, once its kernels have settled, a generated executable
 (`Executable.steady`). Everything that changes a result must still be checked on that path: dtypes, shapes,
 static values and their types, tree structures, and the arrays a function reads from outside its arguments.
 Asserted on plan-cache counters and results; no timing."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import fusion, loops, passes
+from jitgrad.passes import fusion, loops, simplify
 from jitgrad.kernels.build import compiler
 from jitgrad.kernels.cpu import codegen as cpu
 
@@ -209,7 +209,7 @@ def test_outputs_never_alias_inputs_or_each_other() -> None:
 
 def _full_reduction_kernel() -> loops.LoopKernel:
     graph = jg.trace(lambda a: np.sum(a * a)).plan(np.ones(10)).graph
-    (kernel,) = fusion.schedule(passes.optimize(graph)).kernels
+    (kernel,) = fusion.schedule(simplify.optimize(graph)).kernels
     return kernel
 
 

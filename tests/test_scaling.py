@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 import jitgrad as jg
-from jitgrad import fusion, programs
-from jitgrad.explain import shared_kernels
-from jitgrad.ir import Graph
-from jitgrad.primitive import Kind
+from jitgrad.passes import fusion, recipes
+from jitgrad.front.explain import shared_kernels
+from jitgrad.ir.graph import Graph
+from jitgrad.ir.primitive import Kind
 
 H, I, B = 8, 4, 3
 
@@ -26,7 +26,7 @@ def rnn_program(steps: int) -> fusion.Program:
     args = (rng.standard_normal((steps, B, I)).astype(np.float32), rng.standard_normal((I, H)).astype(np.float32),
             rng.standard_normal((H, H)).astype(np.float32), np.zeros(H, np.float32))
     plan = jg.trace(rnn).plan(*args)
-    return fusion.schedule(programs.value_and_grad_graph(plan.graph, plan.differentiable([1, 2, 3])))
+    return fusion.schedule(recipes.value_and_grad_graph(plan.graph, plan.differentiable([1, 2, 3])))
 
 
 def test_every_step_of_an_unrolled_loop_shares_compiled_kernels() -> None:
@@ -58,7 +58,7 @@ def matmul_steps(graph: Graph) -> list:
 def test_a_batch_times_a_weight_matrix_is_one_gemm_and_so_is_its_gradient() -> None:
     x, w = np.ones((4, 5, 6), np.float32), np.ones((6, 7), np.float32)
     plan = jg.trace(lambda x, w: np.sum(np.tanh(x @ w))).plan(x, w)
-    products = matmul_steps(programs.value_and_grad_graph(plan.graph, [0, 1]))
+    products = matmul_steps(recipes.value_and_grad_graph(plan.graph, [0, 1]))
     assert products and all(len(e.inputs[0].aval.shape) == 2 and len(e.inputs[1].aval.shape) == 2 for e in products)
     _, (gx, gw) = jg.trace(lambda x, w: np.sum(np.tanh(x @ w))).value_and_grad(x, w, argnums=(0, 1))
     np.testing.assert_allclose(gw, np.einsum("btk,btn->kn", x, 1 - np.tanh(x @ w) ** 2), rtol=1e-5)
@@ -76,7 +76,7 @@ def test_views_are_recomputed_not_saved() -> None:
     """A (4, 1) mean broadcast to (4, 8) is saved as the mean, not as its broadcast."""
     f = jg.trace(lambda x, y: np.sum(np.sin(x) * np.tanh(y).mean(axis=1, keepdims=True)))
     plan = f.plan(np.ones((4, 8)), np.ones((4, 8)))
-    split = programs.split_graphs(plan.graph, [0, 1])
+    split = recipes.split_graphs(plan.graph, [0, 1])
     saved = split.forward.outputs[split.n_outputs:]
     producers = split.forward.producers()
     assert all(s not in producers or producers[s].prim.kind is not Kind.VIEW for s in saved)

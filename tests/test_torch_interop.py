@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import jitgrad as jg
-from jitgrad import arguments
+from jitgrad.runtime import arguments
 
 from scripts import load_script
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad.primitive import PRIMITIVES
+from jitgrad.ir.primitive import PRIMITIVES
 from test_ops import SPECS, EdgeDraw, as_list
 from test_seeds_function import Sigmoid
 

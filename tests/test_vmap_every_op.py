@@ -20,7 +20,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 import jitgrad as jg
-from jitgrad.primitive import PRIMITIVES
+from jitgrad.ir.primitive import PRIMITIVES
 from test_jvp_every_op import SPECS, TABLES, evaluate_traced, quiet
 from test_ops import FORWARD_TOL, EdgeDraw, HypothesisDraw, as_list, lay_out
 

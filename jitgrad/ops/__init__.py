@@ -2,8 +2,11 @@
 promotion and axis conventions; composites (sigmoid, softmax, logsumexp...) written from primitives,
 so they fuse and differentiate with no rule of their own.
 
-Importing the package registers every op (`jitgrad.dispatch`); the modules import only those
+Importing the package registers every op (`jitgrad.tracing.dispatch`); the modules import only those
 before them: core, elementwise, elementwise_more, regions, shapes, reductions, activations, indexing, linalg, constants.
+`numpy_api` answers numpy's protocols on traced arrays from the bindings registered here; `blas_threads`
+sets OpenBLAS's thread count around matmul's host call.
+Imports: jitgrad.ir, jitgrad.tracing and the utilities (errors, tracebacks).
 """
-from . import (core, elementwise, elementwise_more, regions, shapes, reductions, activations, indexing, linalg,  # noqa: F401
-               decompositions, building, constants, scans, sorting)
+from jitgrad.ops import (core, elementwise, elementwise_more, regions, shapes, reductions, activations,  # noqa: F401
+                         indexing, linalg, decompositions, building, constants, scans, sorting)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from ..dispatch import export
-from .core import ArrayLike
-from .elementwise import absolute, add, exp, less_equal, log1p, maximum, multiply, negative, tanh, where
+from jitgrad.tracing.dispatch import export
+from jitgrad.ops.core import ArrayLike
+from jitgrad.ops.elementwise import absolute, add, exp, less_equal, log1p, maximum, multiply, negative, tanh, where
 
 
 @export

@@ -10,15 +10,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..dispatch import implements
-from ..errors import ShapeError, TraceError, UnsupportedError
-from ..tracing import Tracer, constant_of, where_text
-from .core import ArrayLike, aval_of, broadcast_shapes, broadcast_to, convert, normalize_axes, result_type
-from .elementwise import add, astype, divide, equal, floor, greater, multiply, negative, power, subtract, where
-from .reductions import sum
-from .regions import pad_region, slice_region
-from .shapes import (concatenate, diagonal, expand_dims, flip, moveaxis, ravel, reshape, split, stack, static_int,
-                     transpose)
+from jitgrad.tracing.dispatch import implements
+from jitgrad.errors import ShapeError, TraceError, UnsupportedError
+from jitgrad.tracing.tracer import Tracer, constant_of, where_text
+from jitgrad.ops.core import (ArrayLike, aval_of, broadcast_shapes, broadcast_to, convert, normalize_axes, result_type)
+from jitgrad.ops.elementwise import (add, astype, divide, equal, floor, greater, multiply, negative, power,
+                                     subtract, where)
+from jitgrad.ops.reductions import sum
+from jitgrad.ops.regions import pad_region, slice_region
+from jitgrad.ops.shapes import (concatenate, diagonal, expand_dims, flip, moveaxis, ravel, reshape, split, stack,
+                                static_int, transpose)
 
 
 def _array(x: Any) -> ArrayLike:

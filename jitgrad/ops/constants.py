@@ -5,9 +5,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dispatch import implements
-from ..tracing import Tracer
-from .core import ArrayLike, aval_of, broadcast_to, check_computable, convert
+from jitgrad.tracing.dispatch import implements
+from jitgrad.tracing.tracer import Tracer
+from jitgrad.ops.core import ArrayLike, aval_of, broadcast_to, check_computable, convert
 
 
 @implements(np.full_like)

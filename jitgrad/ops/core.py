@@ -9,12 +9,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import implements
-from ..errors import PrecisionWarning, ShapeError, UnsupportedError
-from ..ir import Atom, Aval, Eqn
-from ..primitive import Kind, Lowering, Primitive, batch_elementwise, declare, lowerings
-from ..tracing import Tracer, bind, builder_aval, constant_of, user_source, where_text
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import implements
+from jitgrad.errors import PrecisionWarning, ShapeError, UnsupportedError
+from jitgrad.ir.graph import Atom, Aval, Eqn
+from jitgrad.ir.primitive import Kind, Lowering, Primitive, batch_elementwise, declare, lowerings
+from jitgrad.tracing.tracer import Tracer, bind, builder_aval, constant_of, user_source, where_text
 
 ArrayLike = Any
 VECMATH = "jitgrad.kernels.cpu.vecmath"

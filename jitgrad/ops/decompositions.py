@@ -3,7 +3,7 @@ svd/svdvals, pinv, qr and norm (every ord), batched over leading axes like numpy
 
 Each decomposition is a host primitive running numpy's LAPACK routine on the whole stack of matrices; one
 with several results packs them into one array (host steps have one output) that slices unpack. The VJPs
-are the standard matrix-calculus rules written with jitgrad.lax and these primitives (inv's uses inv), so
+are the standard matrix-calculus rules written with jitgrad.tracing.lax and these primitives (inv's uses inv), so
 they are differentiable again. docs/ops.md lists the conventions at degenerate points.
 
 Over 400 lines: the rules share the lax helpers and the packed-result machinery at the top, and the
@@ -18,16 +18,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import NO_VALUE, implements
-from ..errors import ArgumentError, ShapeError, UnsupportedError
-from ..ir import Aval, Eqn
-from ..primitive import Kind, Primitive, declare
-from ..tracing import Tracer, bind, constant_of, user_source, where_text
-from .core import ArrayLike, aval_of, batch_leading, broadcast_to, check_computable, convert, normalize_axes
-from .elementwise import absolute, equal, multiply, not_equal, power, where
-from .shapes import moveaxis, reshape
-from .reductions import _sqrt_zero_grad, max, min, sum
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import NO_VALUE, implements
+from jitgrad.errors import ArgumentError, ShapeError, UnsupportedError
+from jitgrad.ir.graph import Aval, Eqn
+from jitgrad.ir.primitive import Kind, Primitive, declare
+from jitgrad.tracing.tracer import Tracer, bind, constant_of, user_source, where_text
+from jitgrad.ops.core import (ArrayLike, aval_of, batch_leading, broadcast_to, check_computable, convert,
+                              normalize_axes)
+from jitgrad.ops.elementwise import absolute, equal, multiply, not_equal, power, where
+from jitgrad.ops.shapes import moveaxis, reshape
+from jitgrad.ops.reductions import _sqrt_zero_grad, max, min, sum
 
 # ---------------------------------------------------------------------- host primitives calling LAPACK
 

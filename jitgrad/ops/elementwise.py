@@ -3,7 +3,7 @@ logic and `where`; and the elementwise composites built from them (clip, fmax, s
 Over 400 lines: the elementwise op set is one table, a primitive and its binding a line or two each;
 split by theme it would scatter that table.
 
-A primitive's line gives its numpy reference, its VJP (with `jitgrad.lax`, exact dtypes), its lowering
+A primitive's line gives its numpy reference, its VJP (with `jitgrad.tracing.lax`, exact dtypes), its lowering
 (the CPU's template; a device backend registers its own where it differs, in its folder of kernels/) and
 whether it is costly to recompute; the line after it binds the numpy ufunc."""
 from __future__ import annotations
@@ -13,14 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import export, implements, register_method
-from ..errors import UnsupportedError
-from ..ir import Atom, Aval, Eqn
-from ..primitive import Kind, Primitive, batch_elementwise, declare, lowerings, stop_gradient_p
-from ..tracing import Tracer, bind, where_text
-from .core import (VECMATH, ArrayLike, aval_of, bool_aval, broadcast_shapes, broadcast_to, check_computable,
-                   compare, convert, elementwise, elementwise_primitive, result_type, ufunc_binding)
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import export, implements, register_method
+from jitgrad.errors import UnsupportedError
+from jitgrad.ir.graph import Atom, Aval, Eqn
+from jitgrad.ir.primitive import Kind, Primitive, batch_elementwise, declare, lowerings, stop_gradient_p
+from jitgrad.tracing.tracer import Tracer, bind, where_text
+from jitgrad.ops.core import (VECMATH, ArrayLike, aval_of, bool_aval, broadcast_shapes, broadcast_to,
+                              check_computable, compare, convert, elementwise, elementwise_primitive, result_type,
+                              ufunc_binding)
 
 E = elementwise_primitive
 

@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import implements
-from ..errors import ShapeError, TraceError, UnsupportedError
-from ..ir import Aval
-from ..primitive import lowerings
-from ..tracing import bind, where_text
-from .core import (ArrayLike, aval_of, broadcast_shapes, broadcast_to, check_computable, convert,
-                   elementwise_primitive, fitting_python_int, result_type, ufunc_binding)
-from .elementwise import divide, equal, isnan, less, multiply, not_equal, remainder, sin, where
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import implements
+from jitgrad.errors import ShapeError, TraceError, UnsupportedError
+from jitgrad.ir.graph import Aval
+from jitgrad.ir.primitive import lowerings
+from jitgrad.tracing.tracer import bind, where_text
+from jitgrad.ops.core import (ArrayLike, aval_of, broadcast_shapes, broadcast_to, check_computable, convert,
+                              elementwise_primitive, fitting_python_int, result_type, ufunc_binding)
+from jitgrad.ops.elementwise import divide, equal, isnan, less, multiply, not_equal, remainder, sin, where
 
 E = elementwise_primitive
 LN2 = "0.693147180559945309417232121458176568"  # numpy's NPY_LOGE2, rounded to the operands' type

@@ -11,16 +11,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import export, implements, register_method
-from ..errors import ArgumentError, ShapeError, TraceError, UnsupportedError
-from ..ir import Aval
-from ..primitive import Kind, Primitive, declare
-from ..tracing import Tracer, bind, constant_of, where_text
-from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, result_type
-from .elementwise import astype, equal, maximum, minimum, remainder
-from .regions import slice_region
-from .shapes import expand_dims, ravel, reshape, static_int, transpose
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import export, implements, register_method
+from jitgrad.errors import ArgumentError, ShapeError, TraceError, UnsupportedError
+from jitgrad.ir.graph import Aval
+from jitgrad.ir.primitive import Kind, Primitive, declare
+from jitgrad.tracing.tracer import Tracer, bind, constant_of, where_text
+from jitgrad.ops.core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, result_type
+from jitgrad.ops.elementwise import astype, equal, maximum, minimum, remainder
+from jitgrad.ops.regions import slice_region
+from jitgrad.ops.shapes import expand_dims, ravel, reshape, static_int, transpose
 
 
 def _gather_rule(avals: Sequence[Aval], **_: Any) -> Aval:

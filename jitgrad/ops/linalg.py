@@ -6,17 +6,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import blas_threads, lax as L
-from ..dispatch import implements
-from ..errors import ShapeError, UnsupportedError
-from ..ir import Aval
-from ..primitive import Kind, Primitive, declare
-from ..tracing import Tracer, bind, where_text
-from .core import (ArrayLike, aval_of, batch_leading, broadcast_to, check_computable, convert, normalize_axes,
-                   result_type)
-from .elementwise import multiply
-from .shapes import diagonal, reshape, transpose
-from .reductions import sum
+from jitgrad.ops import blas_threads
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import implements
+from jitgrad.errors import ShapeError, UnsupportedError
+from jitgrad.ir.graph import Aval
+from jitgrad.ir.primitive import Kind, Primitive, declare
+from jitgrad.tracing.tracer import Tracer, bind, where_text
+from jitgrad.ops.core import (ArrayLike, aval_of, batch_leading, broadcast_to, check_computable, convert,
+                              normalize_axes, result_type)
+from jitgrad.ops.elementwise import multiply
+from jitgrad.ops.shapes import diagonal, reshape, transpose
+from jitgrad.ops.reductions import sum
 
 
 def _matmul_rule(avals: Sequence[Aval], **_: Any) -> Aval:

@@ -8,17 +8,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import export, implements
-from ..errors import ArgumentError, ShapeError, UnsupportedError
-from ..ir import Aval
-from ..primitive import Kind, Lowering, Primitive, Reduction, declare
-from ..tracing import bind, where_text
-from .core import (ArrayLike, _unchanged, aval_of, batch_along_axis, batch_rebound, broadcast_to, convert,
-                   normalize_axes)
-from .elementwise import (add, divide, equal, exp, isfinite, log, maximum, minimum, multiply, sqrt,
-                          stop_gradient, subtract, where)
-from .shapes import ravel, reshape
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import export, implements
+from jitgrad.errors import ArgumentError, ShapeError, UnsupportedError
+from jitgrad.ir.graph import Aval
+from jitgrad.ir.primitive import Kind, Lowering, Primitive, Reduction, declare
+from jitgrad.tracing.tracer import bind, where_text
+from jitgrad.ops.core import (ArrayLike, _unchanged, aval_of, batch_along_axis, batch_rebound, broadcast_to,
+                              convert, normalize_axes)
+from jitgrad.ops.elementwise import (add, divide, equal, exp, isfinite, log, maximum, minimum, multiply, sqrt,
+                                     stop_gradient, subtract, where)
+from jitgrad.ops.shapes import ravel, reshape
 
 NO_VALUE = np._NoValue
 _REDUCTIONS = "jitgrad.kernels.cpu.reductions"

@@ -8,10 +8,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import lax as L
-from ..ir import Aval
-from ..primitive import Kind, Primitive, declare, shifted
-from .core import ArrayLike, batch_along_axis, batch_rebound
+from jitgrad.tracing import lax as L
+from jitgrad.ir.graph import Aval
+from jitgrad.ir.primitive import Kind, Primitive, declare, shifted
+from jitgrad.ops.core import ArrayLike, batch_along_axis, batch_rebound
 
 
 def region(starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> tuple[slice, ...]:

@@ -14,17 +14,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import implements
-from ..errors import ShapeError, TraceError, UnsupportedError
-from ..ir import Aval
-from ..primitive import Kind, Primitive, declare
-from ..tracing import Tracer, bind, constant_of, where_text
-from .core import ArrayLike, aval_of, batch_along_axis, broadcast_to, convert, normalize_axes, result_type
-from .elementwise import add, divide, multiply, not_equal, subtract
-from .reductions import _accumulation_dtype
-from .regions import slice_region
-from .shapes import concatenate, ravel, reshape
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import implements
+from jitgrad.errors import ShapeError, TraceError, UnsupportedError
+from jitgrad.ir.graph import Aval
+from jitgrad.ir.primitive import Kind, Primitive, declare
+from jitgrad.tracing.tracer import Tracer, bind, constant_of, where_text
+from jitgrad.ops.core import (ArrayLike, aval_of, batch_along_axis, broadcast_to, convert, normalize_axes, result_type)
+from jitgrad.ops.elementwise import add, divide, multiply, not_equal, subtract
+from jitgrad.ops.reductions import _accumulation_dtype
+from jitgrad.ops.regions import slice_region
+from jitgrad.ops.shapes import concatenate, ravel, reshape
 
 NO_VALUE = np._NoValue
 

@@ -8,11 +8,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..dispatch import implements, register_method, register_property
-from ..errors import ShapeError, TraceError, UnsupportedError
-from ..tracing import Tracer, bind, constant_of, where_text
-from .core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, reshape_p, transpose_p
-from .regions import concatenate_p, slice_region
+from jitgrad.tracing.dispatch import implements, register_method, register_property
+from jitgrad.errors import ShapeError, TraceError, UnsupportedError
+from jitgrad.tracing.tracer import Tracer, bind, constant_of, where_text
+from jitgrad.ops.core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, reshape_p, transpose_p
+from jitgrad.ops.regions import concatenate_p, slice_region
 
 def static_int(op: str, name: str, value: Any) -> int:
     """An int argument that shapes the trace (an offset, a count, a shift): a traced value is refused."""

@@ -16,17 +16,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import lax as L
-from ..dispatch import implements
-from ..errors import ShapeError, TraceError, UnsupportedError
-from ..ir import Aval
-from ..primitive import Kind, Primitive, declare
-from ..tracing import Tracer, bind, constant_of, where_text
-from .core import ArrayLike, aval_of, batch_along_axis, normalize_axes
-from .elementwise import add, isnan, multiply, subtract, where
-from .reductions import mean
-from .regions import slice_region
-from .shapes import ravel, reshape, transpose
+from jitgrad.tracing import lax as L
+from jitgrad.tracing.dispatch import implements
+from jitgrad.errors import ShapeError, TraceError, UnsupportedError
+from jitgrad.ir.graph import Aval
+from jitgrad.ir.primitive import Kind, Primitive, declare
+from jitgrad.tracing.tracer import Tracer, bind, constant_of, where_text
+from jitgrad.ops.core import ArrayLike, aval_of, batch_along_axis, normalize_axes
+from jitgrad.ops.elementwise import add, isnan, multiply, subtract, where
+from jitgrad.ops.reductions import mean
+from jitgrad.ops.regions import slice_region
+from jitgrad.ops.shapes import ravel, reshape, transpose
 
 # ---------------------------------------------------------------------- primitives
 

@@ -1,6 +1,6 @@
 """Python's cyclic garbage collector paused while a caller waits for jitgrad to build: a kernel compiling
 (kernels/compiler.py's compile listener enters and exits it) or a plan tracing, differentiating and fusing
-(jitgrad/plans.py, as a `with` block)."""
+(jitgrad/runtime/plans.py, as a `with` block)."""
 from __future__ import annotations
 
 import gc

@@ -9,7 +9,7 @@ another is a miss, never another kernel's code. numba's own `cache=True` is not 
 per-function index is read-modified-written without a lock (two processes can drop each other's entries
 or pair an index slot with another signature's code) and a damaged index or data file raises instead of
 recompiling. numba's compile event says which kernels compile and for how long (logger `jitgrad.compile`),
-and `function_passes` and `quick_codegen` when one is under way. Threads: modules load under a lock, numba
+and `numba_passes` and `quick_codegen` when one is under way. Threads: modules load under a lock, numba
 compiles under its own (a main thread's in a `shield` worker), parallel calls queue under workqueue.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from numba.core.runtime import rtsys
 from numba.core.serialize import dumps
 
 from jitgrad import cache
-from jitgrad.kernels.build import background, collector, function_passes, quick_codegen, shield
+from jitgrad.kernels.build import background, collector, numba_passes, quick_codegen, shield
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -146,9 +146,9 @@ class DiskCache(_Cache):
         """Everything the machine code for `sig` depends on: the jitgrad, numba and Python versions,
         the kernel's source hash and function, its numba options, the argument types, numba's magic
         tuple of the CPU (target triple, CPU name, CPU features), numba's OPT and BOUNDSCHECK, and what
-        `function_passes` and `quick_codegen` change in machine code."""
+        `numba_passes` and `quick_codegen` change in machine code."""
         return repr((cache.version_tag(), self._stem, self._options, str(sig), codegen.magic_tuple(), numba_config.OPT,
-                     numba_config.BOUNDSCHECK, function_passes.cache_tag(), quick_codegen.cache_tag()))
+                     numba_config.BOUNDSCHECK, numba_passes.cache_tag(), quick_codegen.cache_tag()))
 
     def entry_path(self, sig: Any, codegen: Any) -> str:
         """The file for `sig` on this CPU, named by a hash of its key (the key itself is inside)."""
@@ -230,7 +230,7 @@ class _CompileLog(numba_event.Listener):
         label = _label(dispatcher, event.data["args"])
         start, done = time.perf_counter(), threading.Event()
         self._running[(threading.get_ident(), id(dispatcher))] = (start, done)
-        function_passes.kernel_compile_started()
+        numba_passes.kernel_compile_started()
         quick_codegen.compile_started(dispatcher)
         if threading.current_thread() is not background.scheduler.worker:
             collector.pause.enter()
@@ -249,7 +249,7 @@ class _CompileLog(numba_event.Listener):
         running = self._running.pop((threading.get_ident(), id(dispatcher)), None)
         if running is None:
             return
-        function_passes.kernel_compile_ended()
+        numba_passes.kernel_compile_ended()
         quick_codegen.compile_ended(dispatcher)
         if threading.current_thread() is not background.scheduler.worker:
             collector.pause.exit()

@@ -1,15 +1,15 @@
-"""The CPU backend's adapter (`jitgrad.backends.Backend`): numba's CPU kernels on numpy arrays."""
+"""The CPU backend's adapter (`jitgrad.runtime.backends.Backend`): numba's CPU kernels on numpy arrays."""
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import numpy as np
 
-from jitgrad.ir import Aval
+from jitgrad.ir.graph import Aval
 from jitgrad.kernels.build import compiler
 from jitgrad.kernels.cpu.executor import Executable
 from jitgrad.kernels.host import as_array, cotangent_array
-from jitgrad.loops import Program
+from jitgrad.passes.loops import Program
 
 
 class CpuBackend:
@@ -21,7 +21,7 @@ class CpuBackend:
 
     @staticmethod
     def device_aval(x: Any) -> Aval | None:
-        """None: the CPU's arrays are numpy's, which `jitgrad.arguments` describes itself."""
+        """None: the CPU's arrays are numpy's, which `jitgrad.runtime.arguments` describes itself."""
         return None
 
     def executable(self, program: Program, label: str) -> Executable:

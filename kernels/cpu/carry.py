@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from jitgrad.loops import Compute, Load, LoopKernel, Stage
+from jitgrad.passes.loops import Compute, Load, LoopKernel, Stage
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from jitgrad.loops import Compute, LoopKernel, Reduction, Stage, statements
+from jitgrad.passes.loops import Compute, LoopKernel, Reduction, Stage, statements
 from jitgrad.kernels.cpu import carry, reductions
 from jitgrad.kernels.common import accumulator_dtype, argument_names, identity_literal, numba_type
 from jitgrad.kernels.cpu.columns import emit_columns, emit_lanes, is_column_kernel, is_lane_kernel

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jitgrad.loops import LoopKernel, Reduction
+from jitgrad.passes.loops import LoopKernel, Reduction
 from jitgrad.kernels.cpu import carry
 from jitgrad.kernels.common import accumulator_dtype, identity_literal, numba_type
 from jitgrad.kernels.cpu.emit import (BLOCK, CHUNKS, LANES, LoopWriter, emit_accumulate, emit_body, emit_stores,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
-from jitgrad.primitive import entry_axis
+from jitgrad.passes.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.ir.primitive import entry_axis
 from jitgrad.kernels.cpu import carry
 from jitgrad.kernels.common import (Writer, accumulator_dtype, case_tests, case_values, emit_branch, expression,
                                     identity_literal, index_text, numba_type)

@@ -6,7 +6,7 @@ parallel proved faster on the first calls), host steps
 call the primitive's numpy reference (BLAS for matmul, views for reshapes and slices). Outputs never alias
 inputs or each other: anything that would is copied. Kernel output buffers are recycled between
 calls, and within a call by later outputs whose lifetimes do not overlap (planned once), only when
-nothing else still references them (`jitgrad.buffers`).
+nothing else still references them (`jitgrad.kernels.buffers`).
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
-from jitgrad import blas_operands, first_call, progress
-from jitgrad.buffers import BufferPool, OutputBuffers, outputs_to_copy
-from jitgrad.loops import HostStep, LoopKernel, Program
-from jitgrad.primitive import Kind
-from jitgrad.kernels.build import background, compiler, helper, quick_codegen
+from jitgrad.ir.primitive import Kind
+from jitgrad.kernels.buffers import BufferPool, OutputBuffers, outputs_to_copy
+from jitgrad.kernels.build import background, compiler, helper, progress, quick_codegen
+from jitgrad.kernels.cpu import blas_operands, first_call
 from jitgrad.kernels.cpu import codegen as cpu
+from jitgrad.passes.loops import HostStep, LoopKernel, Program
 from jitgrad.kernels.slots import SlotTable, release_after, run_steps
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from jitgrad.loops import Branch, statements
-from jitgrad.primitive import Offset, Param
+from jitgrad.passes.loops import Branch, statements
+from jitgrad.ir.primitive import Offset, Param
 from jitgrad.kernels.common import case_values, int_text, int_value
 from jitgrad.kernels.cpu.emit import Alias, LoopWriter
 

@@ -1,4 +1,4 @@
-"""The CUDA backend's adapter (`jitgrad.backends.Backend`): numba's CUDA target (or its simulator) on device
+"""The CUDA backend's adapter (`jitgrad.runtime.backends.Backend`): numba's CUDA target (or its simulator) on device
 arrays. It imports no numba: the executor, which does, is imported when a backend is made, so recognising a
 device array (`device_aval`) costs CPU-only code nothing."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from jitgrad.errors import InputError, UnsupportedError
-from jitgrad.ir import Aval
+from jitgrad.ir.graph import Aval
 from jitgrad.kernels.host import cotangent_array
-from jitgrad.loops import Program
+from jitgrad.passes.loops import Program
 
 
 class CudaBackend:

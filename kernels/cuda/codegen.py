@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jitgrad.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
+from jitgrad.passes.loops import Branch, Compute, Load, LoopKernel, Reduction, Stage, Store
 
 from jitgrad.kernels.common import (Writer, accumulator_dtype, combine, emit_branch, expression, identity_literal, index_text,
                      numba_type)

@@ -30,12 +30,12 @@ import numpy as np
 from numba import cuda
 
 from jitgrad.errors import UnsupportedError
-from jitgrad.loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_kernel
-from jitgrad.ir import Atom, Aval, Var
+from jitgrad.passes.loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_kernel
+from jitgrad.ir.graph import Atom, Aval, Var
 from jitgrad.kernels.cuda import codegen as kc
 from jitgrad.ops.linalg import matmul_p
-from jitgrad.primitive import Kind
-from jitgrad.buffers import outputs_to_copy
+from jitgrad.ir.primitive import Kind
+from jitgrad.kernels.buffers import outputs_to_copy
 from jitgrad.kernels.slots import SlotTable, release_after, run_steps
 
 _lock = threading.RLock()

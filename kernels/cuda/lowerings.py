@@ -13,7 +13,7 @@ from __future__ import annotations
 from jitgrad.kernels.common import RECORD, register_lowering
 from jitgrad.ops import elementwise as ew
 from jitgrad.ops import elementwise_more as more
-from jitgrad.primitive import Primitive
+from jitgrad.ir.primitive import Primitive
 
 GPU = "cuda"  # numba's CUDA target
 SIMULATOR = "cuda_sim"  # numba's CUDA simulator

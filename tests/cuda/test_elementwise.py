@@ -4,7 +4,7 @@ import pytest
 from numba import cuda
 
 import jitgrad as jg
-from jitgrad import fusion, passes
+from jitgrad.passes import fusion, simplify
 from jitgrad.kernels.cuda import codegen as kc
 
 
@@ -32,7 +32,7 @@ def test_grid_stride_loop_covers_more_points_than_threads(check, rng, monkeypatc
     monkeypatch.setattr(kc, "MAX_BLOCKS", 1)
     x = rng.standard_normal(600, dtype=np.float32)
     fn = lambda x: x * 3 + np.abs(x)  # noqa: E731
-    (kernel,) = fusion.schedule(passes.optimize(jg.trace(fn).plan(x).graph)).kernels
+    (kernel,) = fusion.schedule(simplify.optimize(jg.trace(fn).plan(x).graph)).kernels
     assert kc.launches(kernel) == [kc.Launch("kernel", 1, kc.THREADS)]  # 600 points, 256 threads
     check(fn, x)
 

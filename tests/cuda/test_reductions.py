@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad import fusion, passes
+from jitgrad.passes import fusion, simplify
 from jitgrad.kernels.cuda import codegen as kc
 
 REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min}
 
 
 def only_kernel(fn, *args):
-    (kernel,) = fusion.schedule(passes.optimize(jg.trace(fn).plan(*args).graph)).kernels
+    (kernel,) = fusion.schedule(simplify.optimize(jg.trace(fn).plan(*args).graph)).kernels
     return kernel
 
 

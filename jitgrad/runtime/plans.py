@@ -1,0 +1,398 @@
+"""Plans: what a traced function compiled for one call signature, and the bounded cache of them.
+
+A `Plan` owns the traced graph, the arrays the trace read from outside the arguments and, built on
+first use, its programs (`jitgrad.passes.recipes`) compiled by the function's backend. A `PlanCache` finds
+the plan for a call (a fast key for plain numpy arguments, the full signature otherwise; a repeat call of
+a signature seen before runs one generated function, `RepeatCall`), traces on a miss, re-traces a plan
+whose captured arrays no longer fit it, and keeps at most `max_plans()` plans, dropping the least recent.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jitgrad.tracing import capture_paths, trees
+from jitgrad.passes import recipes
+from jitgrad.runtime.arguments import LEAF, STATIC, Arguments, Call, CallSignature, static_key
+from jitgrad.passes.autodiff import SplitGraphs
+from jitgrad.runtime.backends import Backend
+from jitgrad.tracing.captures import Captures
+from jitgrad.errors import InputError, JitgradError
+from jitgrad.ir.graph import Graph
+from jitgrad.kernels.build import collector
+from jitgrad.kernels.build.progress import describe
+from jitgrad.tracing.traced import trace_to_graph
+
+DEFAULT_MAX_PLANS = 16
+MAX_REPEATS = 8  # repeat-call entries kept per mode (signatures a loop alternates between)
+_Signal = type("_Signal", (), {"__slots__": ()})  # what a repeat-call entry answers instead of a result:
+MISS = _Signal()  # a call it does not match (the general path runs)
+_STALE = _Signal()  # the plan's captured arrays changed (the plan is dropped, then MISS)
+_SETTLED = _Signal()  # its executable has settled (written into it: `RepeatCall.compile`, then run again)
+log = logging.getLogger("jitgrad.front.api")
+
+
+def max_plans() -> int:
+    """Plans one traced function keeps: `JITGRAD_MAX_PLANS` (default 16; torch.compile keeps 8 recompiles
+    per function). The least recently used plan goes first."""
+    text = os.environ.get("JITGRAD_MAX_PLANS")
+    if text is None:
+        return DEFAULT_MAX_PLANS
+    try:
+        value = int(text)
+        if value < 1:
+            raise ValueError(text)
+    except ValueError:
+        log.warning("JITGRAD_MAX_PLANS=%r is not an int >= 1; using %d", text, DEFAULT_MAX_PLANS)
+        return DEFAULT_MAX_PLANS
+    return value
+
+
+@dataclass
+class Split:
+    """The forward/backward pair of a plan, compiled, and the graph inputs it differentiates."""
+
+    graphs: SplitGraphs
+    forward: Any
+    backward: Any
+    wrt: list[int]
+
+
+@dataclass
+class Plan:
+    """Everything compiled for one call signature of a traced function."""
+
+    signature: CallSignature
+    graph: Graph
+    tree: Any
+    names: list[str]
+    backend: Backend
+    captures: Captures = field(default_factory=Captures)  # arrays read from outside the arguments
+    label: str = "a traced function"  # the user's function, for compile progress (`jitgrad.kernels.build.progress.describe`)
+    executables: dict[Any, Any] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # value-and-grad nests builds
+    repeat_tried: set = field(default_factory=set)  # modes `PlanCache.remember` was asked for (done once each)
+
+    @functools.cached_property
+    def leaf_ranges(self) -> list[range]:
+        """Per argument, the graph inputs holding its leaves (none for a static argument)."""
+        return self.signature.leaf_ranges()
+
+    def differentiable(self, argnums: Sequence[int]) -> list[int]:
+        """Graph input positions of the float leaves of the arguments `argnums`."""
+        return [k for i in argnums for k in self.leaf_ranges[i] if self.signature.avals[k].is_float]
+
+    def all_differentiable(self) -> list[int]:
+        """Graph input positions of every float leaf."""
+        return [k for k, a in enumerate(self.signature.avals) if a.is_float]
+
+    def inputs(self, leaves: Sequence[Any], captured: list[Any]) -> list[Any]:
+        """The programs' inputs for a call: the argument leaves, then the captured arrays."""
+        return self.backend.inputs(leaves, self.signature.avals) + captured
+
+    def per_argument(self, values: dict[int, Any], positions: Sequence[int]) -> list[Any]:
+        """Per argument in `positions`, its leaves' values (by graph input, None where missing) in its own
+        structure: an array for a bare one, a tree for a tree."""
+        found = []
+        for i in positions:
+            structure, leaves = self.signature.structures[i], [values.get(k) for k in self.leaf_ranges[i]]
+            found.append(None if structure is STATIC else leaves[0] if structure is LEAF
+                         else trees.tree_unflatten(structure, leaves))
+        return found
+
+    def built(self, key: Any, build: Callable[[], Any]) -> Any:
+        found = self.executables.get(key)
+        if found is None:
+            with self.lock:
+                found = self.executables.get(key)
+                if found is None:
+                    with collector.pause:
+                        found = build()
+                    self.executables[key] = found
+        return found
+
+    def compile(self, graph: Graph, mode: str) -> Any:
+        """`graph` scheduled and bound to kernels by the backend, named for progress as `mode` of the function."""
+        return self.backend.executable(recipes.schedule(graph), f"{mode} of {self.label}")
+
+    def call(self) -> Any:
+        """The plain call's executable."""
+        return self.built("call", lambda: self.compile(self.graph, "call"))
+
+    def value_and_grad(self, wrt: Sequence[int], has_aux: bool = False) -> Any:
+        """The joint value-and-grad executable for the graph inputs `wrt` (with `has_aux`, the outputs after
+        the first are computed alongside, undifferentiated)."""
+        wrt = tuple(wrt)
+        return self.built(("joint", wrt, has_aux),
+                          lambda: self.compile(recipes.value_and_grad_graph(self.graph, wrt, has_aux),
+                                               "value_and_grad"))
+
+    def split(self) -> Split:
+        """The forward/backward pair, differentiating every float input."""
+        def build() -> Split:
+            wrt = self.all_differentiable()
+            graphs = recipes.split_graphs(self.graph, wrt)
+            return Split(graphs, self.compile(graphs.forward, "forward"), self.compile(graphs.backward, "backward"),
+                         wrt)
+        return self.built("split", build)
+
+    def kernel_counts(self) -> dict[str, int]:
+        """How many fused kernels each mode runs (compiling what it needs)."""
+        counts = {"call": self.call().kernel_count}
+        wrt = self.all_differentiable()
+        if wrt and recipes.has_scalar_output(self.graph):
+            counts["value_and_grad"] = self.value_and_grad(wrt).kernel_count
+        if wrt:
+            split = self.split()
+            counts["forward"], counts["backward"] = split.forward.kernel_count, split.backward.kernel_count
+        return counts
+
+
+class PlanCache:
+    """The plans of one traced function, least recently used first, with hit and miss counts."""
+
+    def __init__(self, fn: Callable[..., Any], arguments: Arguments, backend: Backend):
+        self.fn = fn
+        self.arguments = arguments
+        self.backend = backend
+        self.plans: OrderedDict[CallSignature, Plan] = OrderedDict()
+        self.by_fast_key: dict[tuple, Plan] = {}
+        self.repeats: dict[Any, tuple[RepeatCall, ...]] = {}  # per mode and options, newest first
+        self.lock = threading.Lock()
+        self.stats = {"hits": 0, "misses": 0}
+        self.label = describe(fn)
+        self._recent: Plan | None = None  # the plan `used` last: marking it again is skipped
+
+    def repeat(self, key: Any, args: tuple) -> Any:
+        """The result of a call whose arguments match a repeat-call entry of `key` (a mode and its options as the
+        caller passed them), or MISS. A plan whose captured arrays changed is dropped (MISS: the call traces)."""
+        try:
+            entries = self.repeats.get(key)
+        except TypeError:  # an unhashable option (argnums as a list): the general path
+            return MISS
+        if entries is None:
+            return MISS
+        for entry in entries:
+            result = entry.run(args)
+            if type(result) is _Signal:
+                if result is MISS:
+                    continue
+                if result is _SETTLED:
+                    entry.run = entry.compile()
+                    return self.repeat(key, args)
+                self.drop(entry.plan)
+                return MISS
+            self.stats["hits"] += 1
+            if self._recent is not entry.plan:
+                self.used(entry.plan)
+            return result
+        return MISS
+
+    def remember(self, key: Any, call: Call, plan: Plan, exe: Any, results: Callable[..., str]) -> None:
+        """Make later calls of `key` with arguments of this call's signature run `exe` through one `RepeatCall`,
+        whose result `results` writes; not for tensors, other backends, arguments it cannot check (objects)."""
+        try:
+            if call.tensors or self.backend.name != "cpu" or key in plan.repeat_tried:
+                return
+            plan.repeat_tried.add(key)
+            entry = RepeatCall.build(plan, call, self.arguments.static_argnums, exe, results)
+        except TypeError:  # an unhashable option or static value: the general path only
+            return
+        with self.lock:
+            if entry is None or self.plans.get(plan.signature) is not plan:
+                return  # not checkable, or dropped meanwhile
+            kept = [e for e in self.repeats.get(key, ()) if e.plan is not plan]
+            for e in kept[MAX_REPEATS - 1:]:
+                e.plan.repeat_tried.discard(key)
+            self.repeats[key] = (entry, *kept[:MAX_REPEATS - 1])
+
+    def drop(self, plan: Plan) -> None:
+        """Forget `plan` (its captured arrays changed, say): the next call with its signature traces again."""
+        with self.lock:
+            self.forget(plan)
+
+    def info(self) -> dict[str, int]:
+        """Hit and miss counts and plans held (`Traced.cache_info`)."""
+        return {**self.stats, "entries": len(self.plans)}
+
+    def repeat_count(self) -> int:
+        """Repeat-call entries held, over every mode."""
+        return sum(map(len, self.repeats.values()))
+
+    def find(self, call: Call) -> tuple[Plan, list[np.ndarray]]:
+        """The plan for a call's arguments and the current values of the arrays it reads from outside them;
+        a plan whose captured arrays changed shape or dtype, or were rebound to something else than an
+        array, is traced again."""
+        plan, sig = self._lookup(call)
+        if not plan.captures:
+            return plan, []
+        captured = plan.captures.read()
+        if captured is None:
+            plan = self._retrace(plan, call, sig)
+            captured = plan.captures.read()
+            if captured is None:
+                raise InputError(f"{self.arguments.name}: the arrays it reads from outside its arguments changed "
+                                 f"while it was traced; call it again once they are stable")
+        return plan, captured
+
+    def used(self, plan: Plan) -> None:
+        """Mark `plan` as the most recently used."""
+        self._recent = plan
+        try:
+            self.plans.move_to_end(plan.signature)
+        except KeyError:  # dropped by another thread meanwhile: this call still runs it
+            pass
+
+    def forget(self, plan: Plan) -> None:
+        """Drop a plan and the fast keys and repeat-call entries that lead to it (call under `lock`)."""
+        self.plans.pop(plan.signature, None)
+        for key in [k for k, v in self.by_fast_key.items() if v is plan]:
+            del self.by_fast_key[key]
+        self.repeats = {k: tuple(e for e in entries if e.plan is not plan) for k, entries in self.repeats.items()}
+        if self._recent is plan:
+            self._recent = None
+
+    def clear(self) -> None:
+        with self.lock:
+            self.plans.clear()
+            self.by_fast_key.clear()
+            self.repeats.clear()
+            self._recent = None
+
+    def _lookup(self, call: Call) -> tuple[Plan, CallSignature | None]:
+        fast = call.fast
+        found = self.by_fast_key.get(fast) if fast is not None else None
+        if found is not None:
+            self.stats["hits"] += 1
+            self.used(found)
+            return found, None
+        sig = self.arguments.call_signature(call)
+        found = self.plans.get(sig)
+        if found is not None:
+            self.stats["hits"] += 1
+            self.used(found)
+            if fast is not None:
+                self.by_fast_key[fast] = found
+            return found, sig
+        with self.lock:
+            found = self.plans.get(sig)
+            if found is not None:
+                self.stats["hits"] += 1
+                return found, sig
+            return self._traced(sig, fast), sig
+
+    def _retrace(self, stale: Plan, call: Call, sig: CallSignature | None) -> Plan:
+        """Replace a plan whose captured arrays no longer fit it by a new trace."""
+        sig = sig or self.arguments.call_signature(call)
+        with self.lock:
+            current = self.plans.get(sig)
+            if current is not None and current is not stale:
+                return current  # another thread re-traced it already
+            self.forget(stale)
+            return self._traced(sig, call.fast)
+
+    def _traced(self, sig: CallSignature, fast: tuple | None) -> Plan:
+        """Trace the function for `sig` and keep the plan (called under `lock`)."""
+        self.stats["misses"] += 1
+
+        def on_leaves(*leaves: Any) -> Any:
+            return self.fn(*sig.rebuild(leaves))
+
+        names = self.arguments.leaf_names(sig)
+        try:
+            with collector.pause:
+                traced = trace_to_graph(on_leaves, list(sig.avals), names, parent=None, reads_from=self.fn)
+        except (JitgradError, TypeError) as exc:
+            hint = self.arguments.tree_hint(sig)
+            if hint is None:
+                raise
+            raise InputError(f"{hint}; tracing failed with it:\n{type(exc).__name__}: {exc}") from exc
+        plan = Plan(sig, traced.graph, traced.tree, names, self.backend, traced.captures, label=self.label)
+        self.plans[sig] = plan
+        if fast is not None:
+            self.by_fast_key[fast] = plan
+        limit = max_plans()
+        while len(self.plans) > limit:
+            self.forget(next(iter(self.plans.values())))
+        return plan
+
+
+@dataclass
+class RepeatCall:
+    """One mode of a plan (call, value-and-grad) for calls of one signature, as one generated function
+    (`trees.Source`): it checks the arguments' structure, each array's type, shape and dtype, each number's type
+    and each static value, in place of binding, flattening and a key; reads the captured arrays (their guards);
+    runs the executable, its settled steps written out in the same function once it has them
+    (`Executable.steady_source`); and builds the result. `run(args)` returns MISS for arguments it does not match."""
+
+    plan: Plan
+    exe: Any
+    checks: trees.Source  # the argument checks, each leaf left in a variable of `leaves`
+    leaves: list[str]
+    results: Callable[[trees.Source, Callable[[int], str]], str]  # the result's expression from each output's
+    run: Any = None  # the generated function (`compile`)
+
+    @classmethod
+    def build(cls, plan: Plan, call: Call, static_argnums: Sequence[int], exe: Any,
+              results: Callable[[trees.Source, Callable[[int], str]], str]) -> "RepeatCall | None":
+        src = trees.Source(ndarray=np.ndarray, asarray=np.asarray, MISS=MISS, STALE=_STALE, SETTLED=_SETTLED)
+        names = [f"a{i}" for i in range(len(call.args))]
+        src.lines += [f"if len(args) != {len(names)}: return MISS"] + [f"{', '.join(names)}, = args"] * bool(names)
+        avals, leaves = iter(plan.signature.avals), []
+
+        def leaf(src: trees.Source, var: str, x: Any) -> bool:
+            aval, t = next(avals, None), type(x)
+            if aval is None or getattr(x, "dtype", aval.dtype) != aval.dtype:
+                return False
+            dt = src.const(aval.dtype)
+            if t is np.ndarray:
+                src.line(f"if type({var}) is not ndarray or {var}.shape != {tuple(map(int, x.shape))!r} or "
+                         f"({var}.dtype is not {dt} and {var}.dtype != {dt}): return MISS")
+            elif t in (bool, int, float) or isinstance(x, np.generic):
+                bounds = f" or not {-2**63} <= {var} <= {2**63 - 1}" if t is int else ""
+                src.lines += [f"if type({var}) is not {src.const(t)}{bounds}: return MISS",
+                              f"{var} = asarray({var}, {dt})"]
+            else:
+                return False
+            leaves.append(var)
+            return True
+
+        for i, (var, x) in enumerate(zip(names, call.args)):
+            if i in static_argnums:
+                src.line(f"if {var} is not {src.const(x)} and {src.const(static_key)}({var}) != "
+                         f"{src.const(static_key(x))}: return MISS")
+            elif not trees.match_structure(src, var, x, leaf, "MISS"):
+                return None
+        found = MISS if next(avals, None) is not None else \
+            src.function("repeat_inputs", "args", [*src.lines, f"return [{', '.join(leaves)}]"])(call.args)
+        if found is MISS or len(found) != len(call.leaves) or \
+                any(a is not b and not np.array_equal(a, b, equal_nan=True) for a, b in zip(found, call.leaves)):
+            return None  # the generated checks do not see this call as the general path did: not used
+        entry = cls(plan, exe, src, leaves, results)
+        entry.run = entry.compile()
+        return entry
+
+    def compile(self) -> Callable[[tuple], Any]:
+        """The function: the checks, the captured arrays, the executable (written out once it has settled)."""
+        src, inputs, exe = self.checks.copy(), list(self.leaves), self.exe
+        if self.plan.captures:  # read at every call, as `Captures.read` does
+            inputs += capture_paths.read_source(src, self.plan.captures, "STALE")
+        if getattr(exe, "settled", False):
+            lines, names, outs, values = exe.steady_source(inputs)
+            src.names.update(names)  # `k<n>`: apart from the checks' `K<n>`
+            src.lines += lines
+        else:
+            settled = f"if {src.const(exe)}.settled: return SETTLED"  # no reference to this entry: no cycle
+            src.lines += [settled] * hasattr(exe, "settled") + [f"o = {src.const(exe)}([{', '.join(inputs)}])"]
+            outs = [f"o[{k}]" for k in range(len(exe.program.graph.outputs))]
+            values = [f"{o}[()]" for o in outs]
+        zero_d = [o.aval.ndim == 0 for o in exe.program.graph.outputs]
+        src.line(f"return {self.results(src, lambda k: values[k] if zero_d[k] else outs[k])}")
+        return src.function("repeat_call", "args")

@@ -1,0 +1,204 @@
+"""Pytrees: nested containers of arrays (dicts, lists, tuples, namedtuples, registered classes and
+dataclasses) as a traced function's arguments and results, flattened into leaves and a structure
+by optree, the C++ pytree library PyTorch's pytree utilities can use, and rebuilt from them.
+
+`None` is a node without leaves (it stays None). Dict leaves come in sorted key order; a rebuilt
+dict keeps its original key order. User classes join with `register_pytree_node` or
+`register_dataclass` (in jitgrad's own optree namespace, so other libraries' registrations do not
+interfere).
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import optree
+
+from jitgrad.errors import TraceError
+from jitgrad.tracing.tracer import Tracer
+
+NAMESPACE = "jitgrad"
+TreeDef = optree.PyTreeSpec
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], TreeDef]:
+    """The leaves of `tree` (in a fixed order: dict keys sorted) and its structure."""
+    return optree.tree_flatten(tree, namespace=NAMESPACE)
+
+
+def tree_unflatten(treedef: TreeDef, leaves: Sequence[Any]) -> Any:
+    """The tree of `treedef`'s structure holding `leaves`."""
+    return optree.tree_unflatten(treedef, list(leaves))
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    return optree.tree_leaves(tree, namespace=NAMESPACE)
+
+
+def tree_structure(tree: Any) -> TreeDef:
+    return optree.tree_structure(tree, namespace=NAMESPACE)
+
+
+def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+    """`fn` applied to every leaf of `tree` (and the matching leaves of `rest`, of the same structure)."""
+    return optree.tree_map(fn, tree, *rest, namespace=NAMESPACE)
+
+
+def register_pytree_node(cls: type, flatten: Callable[[Any], tuple[Sequence[Any], Any]],
+                         unflatten: Callable[[Any, Sequence[Any]], Any]) -> type:
+    """Make instances of `cls` pytrees: `flatten(obj) -> (children, aux)`, `unflatten(aux, children) -> obj`
+    (aux is hashable and part of the structure: plans are keyed on it)."""
+    optree.register_pytree_node(cls, lambda obj: tuple(flatten(obj)), unflatten, namespace=NAMESPACE)
+    return cls
+
+
+def register_dataclass(cls: type) -> type:
+    """Make a dataclass a pytree whose leaves are its fields (usable as a decorator)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"register_dataclass: {cls.__name__} is not a dataclass")
+    names = tuple(f.name for f in dataclasses.fields(cls))
+
+    def flatten(obj: Any) -> tuple[list[Any], tuple[str, ...]]:
+        return [getattr(obj, n) for n in names], names
+
+    def unflatten(field_names: tuple[str, ...], children: Sequence[Any]) -> Any:
+        return cls(**dict(zip(field_names, children)))
+
+    return register_pytree_node(cls, flatten, unflatten)
+
+
+def flatten_output(result: Any) -> tuple[list[Any], TreeDef]:
+    """Flatten what a traced function returned: a tree whose leaves are arrays or numbers."""
+    leaves, treedef = tree_flatten(result)
+    if result is None:
+        raise TraceError("the traced function returned None; it must return an array or a tree (tuple, list, "
+                         "dict...) of arrays")
+    for leaf in leaves:
+        if not isinstance(leaf, (Tracer, np.ndarray, np.generic, int, float, bool)):
+            raise TraceError(f"the traced function returned a {type(leaf).__name__}; it must return arrays (or a "
+                             f"tree of them: tuples, lists, dicts, namedtuples, registered classes)")
+    return leaves, treedef
+
+
+def unflatten_output(treedef: TreeDef, leaves: Sequence[Any]) -> Any:
+    return tree_unflatten(treedef, leaves)
+
+
+def is_value_aux_pair(treedef: TreeDef) -> bool:
+    """Is this the structure of `(value, aux)`: a tuple or list of two whose first item is one leaf?"""
+    return (treedef.kind in (optree.PyTreeKind.TUPLE, optree.PyTreeKind.LIST) and treedef.num_children == 2
+            and treedef.children()[0].is_leaf())
+
+
+# ---------------------------------------------------------------------- known structures, checked fast
+
+class Source:
+    """A Python function being generated: its lines and the constants they name. Repeat calls of a traced
+    function run through one (`jitgrad.runtime.plans.RepeatCall`): its checks of a call's arguments are written out
+    once for the structure they must have, so a call runs no loop and no tree walk over them."""
+
+    def __init__(self, **names: Any) -> None:
+        self.lines: list[str] = []
+        self.names: dict[str, Any] = dict(names)
+        self.known: dict[int, str] = {}  # id of a constant -> its name (the names dict keeps it alive)
+        self.count = 0
+
+    def const(self, value: Any) -> str:
+        """A name the generated code reads `value` by."""
+        name = self.known.get(id(value))
+        if name is None:
+            name = self.known[id(value)] = f"K{len(self.names)}"
+            self.names[name] = value
+        return name
+
+    def copy(self) -> "Source":
+        other = Source(**self.names)
+        other.lines, other.known, other.count = list(self.lines), dict(self.known), self.count
+        return other
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"v{self.count}"
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+    def function(self, name: str, params: str, lines: Sequence[str] | None = None) -> Callable[..., Any]:
+        """The function of these lines (or of `lines`); its text is its `source` attribute."""
+        body = self.lines if lines is None else lines
+        text = f"def {name}({params}):\n" + "".join(f"    {line}\n" for line in body)
+        scope = dict(self.names)
+        exec(compile(text, f"<jitgrad repeat call {name}>", "exec"), scope)  # noqa: S102 - our own source
+        fn = scope.pop(name)  # not left in its own globals: no cycle keeping its constants alive
+        fn.source = text  # type: ignore[attr-defined]
+        return fn
+
+
+def match_structure(src: Source, var: str, x: Any, leaf: Callable[[Source, str, Any], bool], miss: str) -> bool:
+    """Write the checks that the value in `var` has `x`'s structure, `return {miss}` when it has not, and for
+    each leaf (in `tree_flatten`'s order) what `leaf(src, variable, example leaf)` writes. Plain dicts, lists,
+    tuples and None are checked in place; other nodes (namedtuples, registered classes) by `tree_flatten` and
+    their structure. False (and nothing usable written) where a leaf callback refuses its leaf."""
+    t = type(x)
+    if t is dict:
+        try:
+            keys = sorted(x)
+        except TypeError:  # keys that do not sort: optree keeps their order, `tree_flatten` says it
+            return _match_flattened(src, var, x, leaf, miss)
+        src.line(f"if type({var}) is not dict or len({var}) != {len(keys)}: return {miss}")
+        return _match_items(src, [x[k] for k in keys], leaf, miss, f"{src.const(operator.itemgetter(*keys))}({var})"
+                            if keys else "", guarded=True)
+    if t is list or t is tuple:
+        src.line(f"if type({var}) is not {t.__name__} or len({var}) != {len(x)}: return {miss}")
+        return _match_items(src, list(x), leaf, miss, var, guarded=False)
+    if x is None:
+        src.line(f"if {var} is not None: return {miss}")
+        return True
+    if tree_structure(x).is_leaf():
+        return leaf(src, var, x)
+    return _match_flattened(src, var, x, leaf, miss)
+
+
+def _match_items(src: Source, items: list, leaf: Callable[[Source, str, Any], bool], miss: str, unpack: str,
+                 guarded: bool) -> bool:
+    """Unpack `items` (a dict's values by an itemgetter, `guarded` against a missing key; a sequence's) and
+    match each."""
+    names = [src.fresh() for _ in items]
+    if names:
+        target = names[0] if guarded and len(names) == 1 else ", ".join(names) + ","
+        if guarded:
+            src.line("try:")
+            src.line(f"    {target} = {unpack}")
+            src.line(f"except KeyError: return {miss}")
+        else:
+            src.line(f"{target} = {unpack}")
+    return all(match_structure(src, n, item, leaf, miss) for n, item in zip(names, items))
+
+
+def _match_flattened(src: Source, var: str, x: Any, leaf: Callable[[Source, str, Any], bool], miss: str) -> bool:
+    found, treedef = tree_flatten(x)
+    flat = src.fresh()
+    src.line(f"{flat}, structure = {src.const(tree_flatten)}({var})")
+    src.line(f"if structure != {src.const(treedef)}: return {miss}")
+    names = [src.fresh() for _ in found]
+    if names:
+        src.line(f"{', '.join(names)}{',' if len(names) == 1 else ''} = {flat}")
+    return all(leaf(src, n, item) for n, item in zip(names, found))
+
+
+def expression(src: Source, treedef: TreeDef, leaves: Sequence[str]) -> str:
+    """The expression building `treedef`'s tree from leaf expressions: a tuple, list or dict display for a flat
+    one of those (as `tree_unflatten` builds it, dict keys in its order), else a call of `tree_unflatten`."""
+    if treedef.is_leaf():
+        return leaves[0]
+    template = tree_unflatten(treedef, list(range(len(leaves))))
+    kind = type(template)
+    items = template.values() if kind is dict else template if kind in (tuple, list) else [None]
+    if all(type(v) is int for v in items):
+        if kind is dict:
+            return "{" + ", ".join(f"{src.const(k)}: {leaves[v]}" for k, v in template.items()) + "}"
+        body = ", ".join(leaves[v] for v in template) + ("," if len(template) else "")
+        return f"({body})" if kind is tuple else f"[{body}]"
+    return f"{src.const(tree_unflatten)}({src.const(treedef)}, [{', '.join(leaves)}])"

@@ -1,0 +1,188 @@
+"""A new CPU executable's first call run by numpy while its kernels compile, with JITGRAD_FIRST_CALL=numpy.
+
+Compiling a program's kernels takes seconds (numba's typing and LLVM, 0.3-1.4 s a kernel); tracing and
+fusing it takes a tenth of that. With JITGRAD_FIRST_CALL=numpy, where some kernel is neither compiled in
+this process nor on disk, the first call starts compiling them all in the background
+(`kernels.build.background`, with the compile helper process taking the largest), runs the optimised
+graph through the primitives' numpy references (`interpreter`), and returns. The second call waits for
+those compiles, and it and every later call run the compiled kernels. Which call runs where is a fixed
+rule, never timing. The first call's numbers are numpy's, which differ from the kernels' in the last
+bits (jg.sigmoid's reference is 3 ulp off in float32, where the kernel's bound is 2), so a procedure
+that compares the first call with later ones (a finite difference, an equality test) sees a step;
+hence it is not the default (`compiled`: every call runs the kernels). A graph doing more than
+MAX_ELEMENTS elements of work, where numpy's temporaries would cost more than compiling, compiles first.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from jitgrad.kernels.build import progress
+from jitgrad.ir.interpreter import evaluate
+from jitgrad.ir.graph import Graph
+from jitgrad.kernels.build import background, compiler, helper, quick_codegen
+
+ENV = "JITGRAD_FIRST_CALL"
+MODES = ("numpy", "compiled")
+MAX_ELEMENTS = 1 << 25  # elements written by all of a graph's equations together (one float32 pass: ~10 ms)
+log = logging.getLogger("jitgrad.compile")
+STATS = {"numpy_calls": 0}  # first calls run on numpy (tests count them)
+
+
+def mode() -> str:
+    """JITGRAD_FIRST_CALL: `compiled` (the default) or `numpy`; another value is refused, never ignored."""
+    chosen = os.environ.get(ENV, "compiled").strip().lower() or "compiled"
+    if chosen not in MODES:
+        raise ValueError(f"{ENV}={chosen!r}; expected one of {', '.join(MODES)}")
+    return chosen
+
+
+def work(graph: Graph) -> int:
+    """Elements written by the graph's equations: the size of the numpy run's temporaries, all told."""
+    return sum(int(np.prod(o.aval.shape, dtype=np.int64)) for e in graph.eqns for o in e.outs)
+
+
+def _built(compiled: compiler.CompiledSource, variant: str, signature: tuple) -> bool:
+    """Is `variant` for `signature` compiled in this process or in the disk cache?"""
+    fn = compiled.functions[variant]
+    if signature in fn.overloads:
+        return True
+    disk = getattr(fn, "_cache", None)
+    return isinstance(disk, compiler.DiskCache) and os.path.exists(disk.entry_path(signature, fn.targetctx.codegen()))
+
+
+class NumpyFirstCall:
+    """One executable's numpy first call and the background compile of its kernels (`targets`: each kernel's
+    compiled source and the argument types it will get) that its second call waits for."""
+
+    def __init__(self, graph: Graph, variants: tuple[str, str], targets: Sequence[tuple[compiler.CompiledSource, tuple]],
+                 label: str):
+        self.graph = graph
+        self.label = label
+        self.serial, self.quick = variants
+        self.variant = self.serial  # what `_build` compiles: the quick code where the runtime will run it
+        self.targets = list(targets)
+        self.state = "queued"  # -> running -> done; or cancelled (by a second call arriving first)
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.jobs: list[tuple] = []  # keys offered to the compile helper
+
+    def run(self, args: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+        """Queue the compiles, then the graph's outputs by numpy; None if numpy could not run it (the caller
+        runs the compiled first call, which raises what there is to raise)."""
+        self.jobs = self._offer()
+        try:
+            with np.errstate(all="ignore"):  # the kernels warn of nothing: neither does their stand-in
+                outs = evaluate(self.graph, args)
+            STATS["numpy_calls"] += 1
+            return outs
+        except Exception:  # noqa: BLE001 - the compiled call reports it, as it would have without this tier
+            log.debug("numpy first call failed; compiling first", exc_info=True)
+            return None
+        finally:  # this thread's share of the compiles starts after numpy's run, which it would slow (the GIL)
+            background.scheduler.submit(self._compile, urgent=True)
+
+    def finish(self) -> None:
+        """Before the first compiled call: wait for the compiles, starting them now if the background has not
+        (in a thread of their own: an interrupt ends the wait, never a compile). A child forked meanwhile
+        cancels them: its compiled call compiles what it needs."""
+        if self.pid != os.getpid():
+            self.state = "cancelled"
+            return
+        threading.Thread(target=self._compile, name="jitgrad-first-call-compiles", daemon=True).start()
+        report = progress.first_call(self.label, len(self.targets))
+        while not self.done.wait(0.25):
+            if report is not None:
+                report.waiting(sum(sig in c.functions[self.variant].overloads for c, sig in self.targets))
+        if report is not None:
+            report.end(completed=True)
+
+    def _compile(self) -> None:
+        with self.lock:
+            if self.state != "queued":
+                return
+            self.state = "running"
+        try:
+            self._build()
+        finally:
+            self.state = "done"
+            self.done.set()
+
+    def _jobs(self, variant: str) -> dict[tuple, helper.Job]:
+        return {job.key: job for compiled, sig in self.targets for job in [helper.job_for(compiled, variant, sig)]
+                if job is not None}
+
+    def _offer(self) -> list[tuple]:
+        """Queue the targets for the compile helper process, largest first (it starts on them at once, as it
+        needs no GIL of this process); the keys queued. Where the runtime's compiled first call would use the
+        helper, it runs quick kernels (`Executable._offer_to_helper`): those are what is built then."""
+        compile_helper = helper.helper()
+        jobs = self._jobs(self.serial)
+        if compile_helper is None or len(jobs) < helper.MIN_KERNELS:
+            return []
+        if quick_codegen.enabled():
+            self.variant = self.quick
+            jobs = self._jobs(self.quick)
+        compile_helper.offer(sorted(jobs.values(), key=lambda job: -len(job.request[0])))
+        return list(jobs)
+
+    def _build(self) -> None:
+        """Compile the targets: this thread takes jobs from the front of the helper's queue too, then every
+        target is loaded here (from disk, or compiled if the helper failed)."""
+        compile_helper = helper.helper()
+        if compile_helper is not None and self.jobs:
+            while (job := compile_helper.claim_next()) is not None:
+                try:
+                    helper.compile_here(job)
+                except Exception:  # noqa: BLE001 - left for the call that runs it, which raises it
+                    pass
+            for key in self.jobs:
+                compile_helper.take(key)
+        for compiled, sig in self.targets:
+            try:
+                compiled.functions[self.variant].compile(sig)
+            except Exception:  # noqa: BLE001 - left for the call that runs it, which raises it
+                log.debug("background compile of %s failed", compiled.name, exc_info=True)
+
+
+class Tier:
+    """Where an executable's next call runs: its first call on numpy (while the kernels compile), if `plan`
+    says so; from the second on, compiled (waiting for the first call's compiles)."""
+
+    def __init__(self, graph: Graph, variants: tuple[str, str], label: str) -> None:
+        self.graph = graph
+        self.label = label
+        self.variants = variants  # the serial variant's name, and its quick code's
+        self.first: NumpyFirstCall | None = None
+        self.decided = False
+
+    def call(self, args: Sequence[np.ndarray], slots: list[Any], steps: Sequence[Any]) -> list[np.ndarray] | None:
+        """The outputs of a numpy first call, or None: the caller runs its compiled first call. `steps` are the
+        executable's bound steps (its kernel calls guess their argument types from `slots`)."""
+        if not self.decided:
+            self.decided = True
+            targets = [(c.compiled, c.guessed_signature(slots)) for c in steps if hasattr(c, "guessed_signature")]
+            self.first = plan(self.graph, self.variants, targets, self.label)
+            outs = None if self.first is None else self.first.run(args)
+            if outs is not None:
+                return outs
+        if self.first is not None:
+            self.first.finish()
+            self.first = None
+        return None
+
+
+def plan(graph: Graph, variants: tuple[str, str],
+         targets: Sequence[tuple[compiler.CompiledSource, tuple]], label: str) -> NumpyFirstCall | None:
+    """A numpy first call for an executable whose kernels are `targets`, or None to compile first: the mode
+    says so, every kernel is compiled or on disk already (loading is quick), or the graph's work is too large."""
+    unbuilt = [c for c, sig in targets if not any(_built(c, variant, sig) for variant in variants)]
+    if mode() != "numpy" or not unbuilt or work(graph) > MAX_ELEMENTS:
+        return None
+    return NumpyFirstCall(graph, variants, targets, label)
+
