@@ -93,9 +93,9 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-# the CUDA executor still runs matmul by its primitive object (`matmul_p`): issue 35's lookups by identity;
-# a backend's lowering table registers templates for the primitives it names
-NAMES_A_PRIMITIVE = {"cuda/executor.py", "cuda/lowerings.py"}
+# a backend's lowering table registers templates for the primitives it names (the executors read fields:
+# `Primitive.matrix_product` tells the CUDA executor to run its GEMM)
+NAMES_A_PRIMITIVE = {"cuda/lowerings.py"}
 BACKEND_FOLDERS = ("cpu", "cuda")
 CHOOSES_BACKENDS = "jitgrad.runtime.backends"
 CHOOSES_BACKENDS_FILE = "jitgrad/runtime/backends.py"
@@ -108,6 +108,65 @@ def test_kernels_read_primitive_fields_never_names() -> None:
         assert not re.search(r"prim\.name\b", text), path  # not compared, not looked up, not printed
         if path.relative_to(PACKAGES["jitgrad.kernels"]).as_posix() not in NAMES_A_PRIMITIVE:
             assert "PRIMITIVES" not in text and "jitgrad.ops" not in text, path  # nor a primitive object
+
+
+def _name_lookups(source: str) -> list[str]:
+    """Where `source` looks a primitive up by its name: `PRIMITIVES[...]` or `PRIMITIVES.get(...)` read (any key:
+    a name in a variable is a name too), or `<x>.name` compared with a string that names a primitive (`==`, `!=`,
+    `in` a literal tuple, list or set). Other `.name` comparisons (`os.name != "nt"`, a backend's) are not."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            target = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target = node.func.value
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            strings = {c.value for side in sides
+                       for c in (side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side])
+                       if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            if any(isinstance(side, ast.Attribute) and side.attr == "name" for side in sides) and strings & set(PRIMITIVES):
+                found.append(ast.unparse(node))
+            continue
+        else:
+            continue
+        if (target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)) == "PRIMITIVES":
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_the_name_lookup_check_finds_lookups() -> None:
+    planted = """
+convert = PRIMITIVES["convert"]
+other = registry.PRIMITIVES.get(name)
+if e.prim.name == "broadcast_to" or "reshape" != prim.name or e.prim.name in ("matmul", "dot"):
+    pass
+if os.name != "nt" and backend.name == "cpu" and x == "convert":
+    PRIMITIVES[prim.name] = prim
+"""
+    assert sorted(_name_lookups(planted)) == sorted([
+        "PRIMITIVES['convert']", "registry.PRIMITIVES.get(name)", "e.prim.name == 'broadcast_to'",
+        "'reshape' != prim.name", "e.prim.name in ('matmul', 'dot')"])  # not os.name, backend.name nor the store
+
+
+def test_no_primitive_is_looked_up_by_name_outside_its_record() -> None:
+    """Issue 35: stages and binders hold primitive objects (imported, or lax's handles) or read record fields; only
+    jitgrad/ops, where each record is declared, and the registry itself (`declare`) may name one."""
+    for name, path in _modules().items():
+        if name == "jitgrad.ops" or name.startswith("jitgrad.ops.") or name == "jitgrad.ir.primitive":
+            continue
+        assert _name_lookups(path.read_text()) == [], name
+
+
+def test_lax_binds_the_primitive_objects_the_ops_declare(monkeypatch) -> None:
+    from jitgrad.tracing import lax
+
+    handles = [h for h in lax.__annotations__ if h.endswith("_p")]
+    assert len(handles) > 30 and lax.unfilled() == []
+    for h in handles:
+        assert getattr(lax, h) is PRIMITIVES[h[:-2]], h  # filled with the record of that name, by its module
+    monkeypatch.delattr(lax, "convert_p")  # an op module that forgot to fill its handle: jitgrad.ops refuses
+    assert lax.unfilled() == ["convert_p"]
 
 
 @pytest.mark.parametrize("backend", BACKEND_FOLDERS)

@@ -146,6 +146,8 @@ class Primitive:
     fresh_output: bool = False  # a host op whose result is always a new array (never a view of an input)
     takes_out: bool = False  # a fresh host op whose `impl` writes into `out=` with the same bits (pooled buffers)
     contiguous_operands: tuple[int, ...] = ()  # host op operands it reads faster contiguous (`blas_operands`)
+    matrix_product: bool = False  # a host op computing x @ y (batched, one dtype): a device backend runs its GEMM
+    converts: bool = False  # a dtype cast: each result is its operand's value in the new dtype (a bool's: 0 or 1)
     # vmap's batching rule, `batch(b, e, args, dims) -> (outs, out_dims)`: `e` recorded again on `args`, whose
     # batch axes (of length `b.size`) are at `dims` (None: not batched); `b.move(x, d, to)` moves x's batch axis d
     # to `to` (broadcasting one where d is None). None: vmap refuses the op (`jitgrad.front.batching`).

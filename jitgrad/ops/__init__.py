@@ -10,3 +10,7 @@ Imports: jitgrad.ir, jitgrad.tracing and the utilities (errors, tracebacks).
 """
 from jitgrad.ops import (core, elementwise, elementwise_more, regions, shapes, reductions, activations,  # noqa: F401
                          indexing, linalg, decompositions, building, constants, scans, sorting)
+from jitgrad.tracing import lax as _lax
+
+if _lax.unfilled():  # every primitive lax binds is declared by the op module that fills its handle
+    raise ImportError(f"jitgrad.tracing.lax: no op module filled {', '.join(_lax.unfilled())}")

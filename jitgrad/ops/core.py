@@ -209,8 +209,9 @@ def _unchanged(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | None:
     return x if x.aval.shape == out.aval.shape and x.aval.dtype == out.aval.dtype else None
 
 
-convert_p = declare(Primitive("convert", Kind.ELEMENTWISE, _convert_rule, _convert_impl, _convert_vjp,
-                              lowerings("{cast}({0})"), simplify=_unchanged, batch=batch_elementwise))
+convert_p = L.convert_p = declare(Primitive("convert", Kind.ELEMENTWISE, _convert_rule, _convert_impl, _convert_vjp,
+                                            lowerings("{cast}({0})"), simplify=_unchanged, batch=batch_elementwise,
+                                            converts=True))
 
 
 def convert(x: ArrayLike, dtype: Any, weak: bool = False) -> ArrayLike:
@@ -311,8 +312,9 @@ def _compose_or_unchanged(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eq
     return None
 
 
-broadcast_to_p = declare(Primitive("broadcast_to", Kind.VIEW, _broadcast_rule, lambda x, *, shape: np.broadcast_to(
-    x, shape), _broadcast_vjp, index_map=_broadcast_index, simplify=_compose_or_unchanged,
+broadcast_to_p = L.broadcast_to_p = declare(Primitive(
+    "broadcast_to", Kind.VIEW, _broadcast_rule, lambda x, *, shape: np.broadcast_to(x, shape), _broadcast_vjp,
+    index_map=_broadcast_index, simplify=_compose_or_unchanged,
     backward_label="ExpandBackward", batch=_batch_broadcast))
 
 
@@ -331,7 +333,7 @@ def _reshape_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
     return avals[0].with_shape(shape)
 
 
-reshape_p = declare(Primitive(
+reshape_p = L.reshape_p = declare(Primitive(
     "reshape", Kind.VIEW, _reshape_rule, lambda x, *, shape: np.asarray(x).reshape(shape),
     lambda cts, ins, outs, *, shape: [L.reshape(cts[0], ins[0].shape)], index_map=_reshape_index,
     simplify=_compose_or_unchanged, backward_label="ViewBackward", batch=_batch_reshape))
@@ -362,7 +364,7 @@ def _transpose_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eqn 
     return None
 
 
-transpose_p = declare(Primitive(
+transpose_p = L.transpose_p = declare(Primitive(
     "transpose", Kind.VIEW, _transpose_rule, lambda x, *, perm: np.transpose(x, perm),
     lambda cts, ins, outs, *, perm: [L.transpose(cts[0], tuple(np.argsort(perm)))], index_map=_transpose_index,
     simplify=_transpose_simplify, backward_label="PermuteBackward", batch=_batch_transpose))

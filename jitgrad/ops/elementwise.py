@@ -40,22 +40,22 @@ def _exact(name: str) -> dict:
 
 # ---------------------------------------------------------------------- unary math
 
-neg_p = E("neg", np.negative, lambda g, x, out: L.neg(g), lowerings("(-{0})"),
-          simplify=lambda e, scalar_of, producer_of: _involution(e, producer_of))
-exp_p = E("exp", np.exp, lambda g, x, out: L.mul(g, out), _math("exp", "vexp"), costly=True)
+neg_p = L.neg_p = E("neg", np.negative, lambda g, x, out: L.neg(g), lowerings("(-{0})"),
+                    simplify=lambda e, scalar_of, producer_of: _involution(e, producer_of))
+exp_p = L.exp_p = E("exp", np.exp, lambda g, x, out: L.mul(g, out), _math("exp", "vexp"), costly=True)
 expm1_p = E("expm1", np.expm1, lambda g, x, out: L.mul(g, L.add(out, 1)), _math("expm1", "vexpm1"), costly=True)
 exp2_p = E("exp2", np.exp2, lambda g, x, out: L.mul(L.mul(g, out), math.log(2.0)), _exact("exp2"), costly=True)
-log_p = E("log", np.log, lambda g, x, out: L.div(g, x), _math("log", "vlog"), costly=True)
+log_p = L.log_p = E("log", np.log, lambda g, x, out: L.div(g, x), _math("log", "vlog"), costly=True)
 log1p_p = E("log1p", np.log1p, lambda g, x, out: L.div(g, L.add(x, 1)), _math("log1p", "vlog1p"), costly=True)
 log2_p = E("log2", np.log2, lambda g, x, out: L.div(L.div(g, x), math.log(2.0)), _exact("log2"), costly=True)
 log10_p = E("log10", np.log10, lambda g, x, out: L.div(L.div(g, x), math.log(10.0)), _exact("log10"), costly=True)
-sin_p = E("sin", np.sin, lambda g, x, out: L.mul(g, L.cos(x)), _math("sin"), costly=True)
-cos_p = E("cos", np.cos, lambda g, x, out: L.neg(L.mul(g, L.sin(x))), _math("cos"), costly=True)
+sin_p = L.sin_p = E("sin", np.sin, lambda g, x, out: L.mul(g, L.cos(x)), _math("sin"), costly=True)
+cos_p = L.cos_p = E("cos", np.cos, lambda g, x, out: L.neg(L.mul(g, L.sin(x))), _math("cos"), costly=True)
 tan_p = E("tan", np.tan, lambda g, x, out: L.mul(g, L.add(L.mul(out, out), 1)), _math("tan"), costly=True)
 tanh_p = E("tanh", np.tanh, lambda g, x, out: L.mul(g, L.sub(1, L.mul(out, out))), _math("tanh", "vtanh"),
            costly=True)
-sinh_p = E("sinh", np.sinh, lambda g, x, out: L.mul(g, L.cosh(x)), _math("sinh"), costly=True)
-cosh_p = E("cosh", np.cosh, lambda g, x, out: L.mul(g, L.sinh(x)), _math("cosh"), costly=True)
+sinh_p = L.sinh_p = E("sinh", np.sinh, lambda g, x, out: L.mul(g, L.cosh(x)), _math("sinh"), costly=True)
+cosh_p = L.cosh_p = E("cosh", np.cosh, lambda g, x, out: L.mul(g, L.sinh(x)), _math("cosh"), costly=True)
 arcsin_p = E("arcsin", np.arcsin, lambda g, x, out: L.div(g, L.sqrt(L.sub(1, L.mul(x, x)))),
              _math("arcsin"), costly=True)
 arccos_p = E("arccos", np.arccos, lambda g, x, out: L.neg(L.div(g, L.sqrt(L.sub(1, L.mul(x, x))))),
@@ -66,10 +66,10 @@ arcsinh_p = E("arcsinh", np.arcsinh, lambda g, x, out: L.div(g, L.sqrt(L.add(L.m
               _math("arcsinh"), costly=True)
 arctanh_p = E("arctanh", np.arctanh, lambda g, x, out: L.div(g, L.sub(1, L.mul(x, x))),
               _math("arctanh"), costly=True)
-sqrt_p = E("sqrt", np.sqrt, lambda g, x, out: L.div(L.mul(g, 0.5), out), _math("sqrt"))
+sqrt_p = L.sqrt_p = E("sqrt", np.sqrt, lambda g, x, out: L.div(L.mul(g, 0.5), out), _math("sqrt"))
 abs_p = E("abs", np.absolute, lambda g, x, out: L.mul(g, _sign_or_zero(x, g)), lowerings("abs({0})"))
 sign_p = E("sign", np.sign, None, lowerings("np.sign({0})"))
-floor_p = E("floor", np.floor, None, _math("floor"))
+floor_p = L.floor_p = E("floor", np.floor, None, _math("floor"))
 ceil_p = E("ceil", np.ceil, None, _math("ceil"))
 rint_p = E("rint", np.rint, None, lowerings("np.rint({0})"))
 isnan_p = E("isnan", np.isnan, None, _math("isnan"), rule=bool_aval)
@@ -228,13 +228,13 @@ def _unit_rewrite(unit: float, left: bool) -> Any:
     return rewrite
 
 
-add_p = E("add", np.add, lambda g, x, y, out: (g, g), lowerings("({0} + {1})"))
-sub_p = E("sub", np.subtract, lambda g, x, y, out: (g, L.neg(g)), lowerings("({0} - {1})"),
-          simplify=_unit_rewrite(0.0, left=False))  # x - (+0) is x; x + 0 is not (-0 + 0 is +0)
-mul_p = E("mul", np.multiply, lambda g, x, y, out: (L.mul(g, y), L.mul(g, x)), lowerings("({0} * {1})"),
-          simplify=_unit_rewrite(1.0, left=True))
-div_p = E("div", np.true_divide, lambda g, x, y, out: (L.div(g, y), L.neg(L.div(L.mul(g, out), y))),
-          lowerings("({0} / {1})"), simplify=_unit_rewrite(1.0, left=False))
+add_p = L.add_p = E("add", np.add, lambda g, x, y, out: (g, g), lowerings("({0} + {1})"))
+sub_p = L.sub_p = E("sub", np.subtract, lambda g, x, y, out: (g, L.neg(g)), lowerings("({0} - {1})"),
+                    simplify=_unit_rewrite(0.0, left=False))  # x - (+0) is x; x + 0 is not (-0 + 0 is +0)
+mul_p = L.mul_p = E("mul", np.multiply, lambda g, x, y, out: (L.mul(g, y), L.mul(g, x)), lowerings("({0} * {1})"),
+                    simplify=_unit_rewrite(1.0, left=True))
+div_p = L.div_p = E("div", np.true_divide, lambda g, x, y, out: (L.div(g, y), L.neg(L.div(L.mul(g, out), y))),
+                    lowerings("({0} / {1})"), simplify=_unit_rewrite(1.0, left=False))
 
 
 def _pow_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eqn | None:
@@ -251,7 +251,7 @@ def _pow_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | Eqn | None
     return None
 
 
-pow_p = E("pow", np.power, _pow_vjp, lowerings("({0} ** {1})"), costly=True, simplify=_pow_simplify)
+pow_p = L.pow_p = E("pow", np.power, _pow_vjp, lowerings("({0} ** {1})"), costly=True, simplify=_pow_simplify)
 # Ties return the second operand, as numpy's do (maximum(-0.0, 0.0) is 0.0); NaN in either operand propagates.
 maximum_p = E("maximum", np.maximum, _extremum_vjp("max"), lowerings("({0} if ({0} > {1} or {0} != {0}) else {1})"))
 minimum_p = E("minimum", np.minimum, _extremum_vjp("min"), lowerings("({0} if ({0} < {1} or {0} != {0}) else {1})"))
@@ -322,16 +322,16 @@ def positive(x: ArrayLike, /) -> ArrayLike:
 
 # ---------------------------------------------------------------------- comparisons and logic
 
-lt_p = E("lt", np.less, None, lowerings("({0} < {1})"), rule=bool_aval)
-le_p = E("le", np.less_equal, None, lowerings("({0} <= {1})"), rule=bool_aval)
-gt_p = E("gt", np.greater, None, lowerings("({0} > {1})"), rule=bool_aval)
-ge_p = E("ge", np.greater_equal, None, lowerings("({0} >= {1})"), rule=bool_aval)
-eq_p = E("eq", np.equal, None, lowerings("({0} == {1})"), rule=bool_aval)
-ne_p = E("ne", np.not_equal, None, lowerings("({0} != {1})"), rule=bool_aval)
-logical_and_p = E("logical_and", np.logical_and, None, lowerings("({0} and {1})"), rule=bool_aval)
-logical_or_p = E("logical_or", np.logical_or, None, lowerings("({0} or {1})"), rule=bool_aval)
+lt_p = L.lt_p = E("lt", np.less, None, lowerings("({0} < {1})"), rule=bool_aval)
+le_p = L.le_p = E("le", np.less_equal, None, lowerings("({0} <= {1})"), rule=bool_aval)
+gt_p = L.gt_p = E("gt", np.greater, None, lowerings("({0} > {1})"), rule=bool_aval)
+ge_p = L.ge_p = E("ge", np.greater_equal, None, lowerings("({0} >= {1})"), rule=bool_aval)
+eq_p = L.eq_p = E("eq", np.equal, None, lowerings("({0} == {1})"), rule=bool_aval)
+ne_p = L.ne_p = E("ne", np.not_equal, None, lowerings("({0} != {1})"), rule=bool_aval)
+logical_and_p = L.logical_and_p = E("logical_and", np.logical_and, None, lowerings("({0} and {1})"), rule=bool_aval)
+logical_or_p = L.logical_or_p = E("logical_or", np.logical_or, None, lowerings("({0} or {1})"), rule=bool_aval)
 logical_xor_p = E("logical_xor", np.logical_xor, None, lowerings("({0} != {1})"), rule=bool_aval)
-logical_not_p = E("logical_not", np.logical_not, None, lowerings("(not {0})"), rule=bool_aval)
+logical_not_p = L.logical_not_p = E("logical_not", np.logical_not, None, lowerings("(not {0})"), rule=bool_aval)
 
 less = ufunc_binding(np.less, lt_p, compute=lambda x, y: compare(lt_p, x, y))
 less_equal = ufunc_binding(np.less_equal, le_p, compute=lambda x, y: compare(le_p, x, y))
@@ -398,7 +398,7 @@ def _where_simplify(e: Eqn, scalar_of: Any, producer_of: Any) -> Atom | None:
     return chosen if chosen.aval.shape == e.out.aval.shape and chosen.aval.dtype == e.out.aval.dtype else None
 
 
-where_p = declare(Primitive(
+where_p = L.where_p = declare(Primitive(
     "where", Kind.ELEMENTWISE, _where_rule, np.where,
     lambda cts, ins, outs: [None, L.select(ins[0], cts[0], 0), L.select(ins[0], 0, cts[0])],
     lowerings("({1} if {0} else {2})"), simplify=_where_simplify, batch=batch_elementwise))

@@ -53,7 +53,7 @@ _D = f"((({{0}} - {_M}) / {{1}}) - ({{cast}}(1) if ({_M} != 0 and (({{1}} < 0) !
 _FLOOR = f"np.floor({_D})"
 _SNAP = f"({_FLOOR} - ({{cast}}(-1) if {_D} - {_FLOOR} > {{cast}}(0.5) else {{cast}}(0)))"
 _FLOOR_DIVIDE = f"({{0}} / {{1}} if {{1}} == 0 else np.copysign({_SNAP}, {{0}} / {{1}}))"
-floor_divide_p = E("floor_divide", np.floor_divide, None, lowerings(
+floor_divide_p = L.floor_divide_p = E("floor_divide", np.floor_divide, None, lowerings(
     _FLOOR_DIVIDE, integer="({cast}(0) if {1} == 0 else ((-{0}) if {1} == -1 else {0} // {1}))"))
 
 fmod = ufunc_binding(np.fmod, fmod_p)

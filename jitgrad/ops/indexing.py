@@ -112,10 +112,11 @@ def _batch_flat_write(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) 
     return [L.reshape(out, (rows, n))], [0]
 
 
-gather_p = declare(Primitive("gather", Kind.HOST, _gather_rule, _gather_impl, _gather_vjp,
-                             backward_label="IndexBackward", batch=_batch_gather))
-scatter_add_p = declare(Primitive("scatter_add", Kind.HOST, _scatter_add_rule, _scatter_add_impl, _scatter_add_vjp,
-                                  backward_label="IndexPutBackward", batch=_batch_scatter_add))
+gather_p = L.gather_p = declare(Primitive("gather", Kind.HOST, _gather_rule, _gather_impl, _gather_vjp,
+                                        backward_label="IndexBackward", batch=_batch_gather))
+scatter_add_p = L.scatter_add_p = declare(Primitive(
+    "scatter_add", Kind.HOST, _scatter_add_rule, _scatter_add_impl, _scatter_add_vjp,
+    backward_label="IndexPutBackward", batch=_batch_scatter_add))
 
 
 @implements(np.repeat, method="repeat")

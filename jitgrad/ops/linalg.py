@@ -55,9 +55,10 @@ def _batch_matmul(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> t
     return [L.reshape(out, aval_of(x).shape[:-1] + s[-2:])], [n - 2]
 
 
-matmul_p = declare(Primitive("matmul", Kind.HOST, _matmul_rule, blas_threads.matmul, _matmul_vjp, backward_label="MmBackward",
-                             fresh_output=True, takes_out=True, contiguous_operands=(1,),  # BLAS between kernels
-                             batch=_batch_matmul))
+matmul_p = L.matmul_p = declare(Primitive(
+    "matmul", Kind.HOST, _matmul_rule, blas_threads.matmul, _matmul_vjp, backward_label="MmBackward",
+    fresh_output=True, takes_out=True, contiguous_operands=(1,), matrix_product=True,  # BLAS between kernels
+    batch=_batch_matmul))
 
 
 @implements(np.matmul)

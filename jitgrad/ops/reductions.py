@@ -53,7 +53,7 @@ def _prod_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, ax
     is_zero = L.eq(x, 0)
     zeros = L.broadcast_to(L.reduce_sum(L.convert(is_zero, np.int64), axes), x.shape)
     nonzero = L.select(is_zero, 1, x)
-    others = L.broadcast_to(L.reduce("reduce_prod", nonzero, axes), x.shape)
+    others = L.broadcast_to(L.reduce(reduce_prod_p, nonzero, axes), x.shape)
     no_zero = L.div(L.broadcast_to(out, x.shape), nonzero)
     share = L.select(L.eq(zeros, 0), no_zero, L.select(L.logical_and(is_zero, L.eq(zeros, 1)), others, 0))
     return [L.mul(L.broadcast_to(g, x.shape), share)]
@@ -82,7 +82,7 @@ def _reduction(name: str, fn: Any, vjp: Any, how: Reduction, label: str) -> Prim
 
 # Float sums add in fixed-order blocks, float32 ones in float64 across blocks; max/min vectorise through LLVM's
 # NaN-propagating maximum/minimum, and rescan a zero result for numpy's sign of zero.
-reduce_sum_p = _reduction("reduce_sum", np.sum, _sum_vjp, Reduction(
+reduce_sum_p = L.reduce_sum_p = _reduction("reduce_sum", np.sum, _sum_vjp, Reduction(
     lambda dt: 0, "({0} + {1})", blocked=True, order_dependent=True, widen_floats=True), "SumBackward")
 reduce_max_p = _reduction("reduce_max", np.max, _extremum_vjp, Reduction(
     _lowest, "({0} if ({0} > {1} or {0} != {0}) else {1})",

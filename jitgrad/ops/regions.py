@@ -55,7 +55,7 @@ def _batch_region(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> t
     return batch_rebound(b, e, [b.move(args[0], dims[0], 0)], params)
 
 
-slice_p = declare(Primitive(
+slice_p = L.slice_p = declare(Primitive(
     "slice", Kind.VIEW, _region_rule, _slice_impl,
     lambda cts, ins, outs, *, starts, steps, shape: [L.pad_region(cts[0], starts, steps, ins[0].shape, 0)],
     index_map=_slice_index, backward_label="SliceBackward", batch=_batch_region))
@@ -72,7 +72,7 @@ def _pad_select(e: Any, index: tuple) -> tuple[list, Any] | None:
     return [(bounds, 0, inner)], e.params["value"]
 
 
-pad_p = declare(Primitive(
+pad_p = L.pad_p = declare(Primitive(
     "pad", Kind.HOST, _region_rule, _pad_impl,
     lambda cts, ins, outs, *, starts, steps, shape, value: [L.slice_region(cts[0], starts, steps, ins[0].shape)],
     select_map=_pad_select, backward_label="PadBackward", batch=_batch_region))

@@ -300,7 +300,7 @@ class _LoopBuilder:
         while e is not None and e.prim.kind is Kind.VIEW:
             a = e.inputs[0]
             e = self.producer.get(a) or self.views.get(a) if isinstance(a, Var) else None
-        return e is not None and e.prim.name == "convert" and e.inputs[0].aval.dtype == np.bool_
+        return e is not None and e.prim.converts and e.inputs[0].aval.dtype == np.bool_
 
     def build(self) -> LoopKernel:
         for k, v in enumerate(self.outputs):

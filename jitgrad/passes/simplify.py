@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from jitgrad.ir.graph import Atom, Eqn, Graph, Literal, Var, iter_vars, substitute
-from jitgrad.ir.primitive import Kind, PRIMITIVES, stop_gradient_p
+from jitgrad.ir.primitive import Kind, stop_gradient_p
+from jitgrad.ops.core import broadcast_to_p, reshape_p
 
 FOLD_LIMIT = 64  # largest constant (elements) folding may create; broadcasts of scalars stay broadcasts
 
@@ -92,7 +93,7 @@ def fold_constants(graph: Graph) -> Graph:
             with np.errstate(all="ignore"):
                 value = e.prim.impl(*[np.asarray(u, a.aval.dtype) for u, a in zip(uniform, ins)], **e.params)
             scalar = Literal(np.asarray(value).astype(e.out.aval.dtype), e.out.aval.with_shape(()))
-            e = Eqn(PRIMITIVES["broadcast_to"], (scalar,), {"shape": e.out.aval.shape}, e.outs, e.source, e.label)
+            e = Eqn(broadcast_to_p, (scalar,), {"shape": e.out.aval.shape}, e.outs, e.source, e.label)
         for o in e.outs:
             producers[o] = e
         kept.append(e)
@@ -168,7 +169,7 @@ MAX_SUNK_COSTLY = 2  # of which transcendental: more, and computing them twice c
 def _regroups(e: Eqn) -> bool:
     """Is `e` a reshape that regroups axes (a (N, C) array viewed as (B, H/2, 2, W/2, 2, C)), which kernels
     cannot read through and so splits fusion groups?"""
-    if e.prim is not PRIMITIVES["reshape"]:
+    if e.prim is not reshape_p:
         return False
     src, out = e.inputs[0].aval.shape, e.outs[0].aval.shape
     return [d for d in src if d != 1] != [d for d in out if d != 1]
@@ -225,7 +226,7 @@ def _reshaped(a: Atom, shape: tuple[int, ...], producers: dict[Var, Eqn], made: 
     memo[a] = None  # a cycle cannot happen in SSA; this only marks the walk
     e = producers.get(a)
     out = Var(a.aval.with_shape(shape))
-    if e is not None and e.prim is PRIMITIVES["broadcast_to"]:
+    if e is not None and e.prim is broadcast_to_p:
         x = e.inputs[0]
         kept = tuple(x.aval.shape)
         while kept and kept[0] == 1:
@@ -234,7 +235,7 @@ def _reshaped(a: Atom, shape: tuple[int, ...], producers: dict[Var, Eqn], made: 
         if x.aval.ndim > len(shape) or (n and (tuple(a.aval.shape[-n:]) != kept or tuple(shape[-n:]) != kept)):
             return None
         made.append(Eqn(e.prim, (x,), {"shape": tuple(shape)}, (out,), e.source, e.label))
-    elif e is not None and (e.prim.kind is Kind.VIEW and e.prim is not PRIMITIVES["reshape"] or e.prim.select_map):
+    elif e is not None and (e.prim.kind is Kind.VIEW and e.prim is not reshape_p or e.prim.select_map):
         return None  # a strided view: reshaping it would copy it on the host
     elif e is not None and e.prim.kind is Kind.ELEMENTWISE and len(e.outs) == 1 and len(made) <= 2 * MAX_SUNK_EQNS:
         ins = []
@@ -245,7 +246,7 @@ def _reshaped(a: Atom, shape: tuple[int, ...], producers: dict[Var, Eqn], made: 
             ins.append(r)
         made.append(Eqn(e.prim, tuple(ins), e.params, (out,), e.source, e.label))
     else:
-        made.append(Eqn(PRIMITIVES["reshape"], (a,), {"shape": tuple(shape)}, (out,), None, ""))
+        made.append(Eqn(reshape_p, (a,), {"shape": tuple(shape)}, (out,), None, ""))
     memo[a] = out
     return out
 

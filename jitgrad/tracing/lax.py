@@ -2,20 +2,67 @@
 
 Each function binds one primitive. Array operands must share one dtype; a Python number takes the
 dtype of the array it meets and is broadcast to its shape; nothing is promoted. So a float32
-backward stays float32, and every rule reads as the math it computes. Primitives are looked up in
-the registry when a rule runs: the modules that declare them import this one, not the other way.
+backward stays float32, and every rule reads as the math it computes.
+
+The binders bind primitive objects, never names: the modules that declare the primitives import this one, not
+the other way, so each primitive bound here has a typed handle below (`convert_p`) that the op module declaring it
+fills at its declaration (`convert_p = L.convert_p = declare(Primitive("convert", ...))` in jitgrad.ops.core),
+and `jitgrad.ops` checks on import that every handle is filled (`unfilled`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from jitgrad.ir.graph import Aval
-from jitgrad.ir.primitive import PRIMITIVES
+from jitgrad.ir.primitive import Primitive
 from jitgrad.tracing.tracer import bind, builder_aval
 
 Value = Any  # a tracer, or a numpy constant
+
+# ---- the handles: each filled by the op module that declares the primitive (one home per op)
+
+neg_p: Primitive  # jitgrad.ops.elementwise, as are the elementwise ones below but floor_divide
+exp_p: Primitive
+log_p: Primitive
+sin_p: Primitive
+cos_p: Primitive
+sinh_p: Primitive
+cosh_p: Primitive
+sqrt_p: Primitive
+floor_p: Primitive
+floor_divide_p: Primitive  # jitgrad.ops.elementwise_more
+add_p: Primitive
+sub_p: Primitive
+mul_p: Primitive
+div_p: Primitive
+pow_p: Primitive
+eq_p: Primitive
+ne_p: Primitive
+lt_p: Primitive
+le_p: Primitive
+gt_p: Primitive
+ge_p: Primitive
+logical_and_p: Primitive
+logical_or_p: Primitive
+logical_not_p: Primitive
+where_p: Primitive
+convert_p: Primitive  # jitgrad.ops.core, as are broadcast_to, reshape and transpose
+broadcast_to_p: Primitive
+reshape_p: Primitive
+transpose_p: Primitive
+reduce_sum_p: Primitive  # jitgrad.ops.reductions
+matmul_p: Primitive  # jitgrad.ops.linalg
+slice_p: Primitive  # jitgrad.ops.regions, as is pad
+pad_p: Primitive
+gather_p: Primitive  # jitgrad.ops.indexing, as is scatter_add
+scatter_add_p: Primitive
+
+
+def unfilled() -> list[str]:
+    """The handles above that no op module has filled with its primitive (none once jitgrad.ops is imported)."""
+    return [h for h in __annotations__ if h.endswith("_p") and not isinstance(globals().get(h), Primitive)]
 
 
 def aval(x: Value) -> Aval:
@@ -60,45 +107,111 @@ def _operands(name: str, xs: Sequence[Any]) -> list[Value]:
     return out
 
 
-def _elementwise(name: str) -> Callable[..., Value]:
-    def op(*xs: Any) -> Value:
-        return bind(PRIMITIVES[name], *_operands(name, xs))
-
-    op.__name__ = name
-    op.__doc__ = f"The `{name}` primitive, elementwise, operands of one dtype."
-    return op
+def _elementwise(prim: Primitive, *xs: Any) -> Value:
+    """`prim`, an elementwise primitive, applied to operands of one dtype."""
+    return bind(prim, *_operands(prim.name, xs))
 
 
-neg = _elementwise("neg")
-exp = _elementwise("exp")
-log = _elementwise("log")
-sin = _elementwise("sin")
-cos = _elementwise("cos")
-sinh = _elementwise("sinh")
-cosh = _elementwise("cosh")
-sqrt = _elementwise("sqrt")
-floor = _elementwise("floor")
-floor_divide = _elementwise("floor_divide")
-add = _elementwise("add")
-sub = _elementwise("sub")
-mul = _elementwise("mul")
-div = _elementwise("div")
-pow = _elementwise("pow")
-eq = _elementwise("eq")
-ne = _elementwise("ne")
-lt = _elementwise("lt")
-le = _elementwise("le")
-gt = _elementwise("gt")
-ge = _elementwise("ge")
-logical_and = _elementwise("logical_and")
-logical_or = _elementwise("logical_or")
-logical_not = _elementwise("logical_not")
+def neg(x: Value) -> Value:
+    return _elementwise(neg_p, x)
+
+
+def exp(x: Value) -> Value:
+    return _elementwise(exp_p, x)
+
+
+def log(x: Value) -> Value:
+    return _elementwise(log_p, x)
+
+
+def sin(x: Value) -> Value:
+    return _elementwise(sin_p, x)
+
+
+def cos(x: Value) -> Value:
+    return _elementwise(cos_p, x)
+
+
+def sinh(x: Value) -> Value:
+    return _elementwise(sinh_p, x)
+
+
+def cosh(x: Value) -> Value:
+    return _elementwise(cosh_p, x)
+
+
+def sqrt(x: Value) -> Value:
+    return _elementwise(sqrt_p, x)
+
+
+def floor(x: Value) -> Value:
+    return _elementwise(floor_p, x)
+
+
+def floor_divide(x: Any, y: Any) -> Value:
+    return _elementwise(floor_divide_p, x, y)
+
+
+def add(x: Any, y: Any) -> Value:
+    return _elementwise(add_p, x, y)
+
+
+def sub(x: Any, y: Any) -> Value:
+    return _elementwise(sub_p, x, y)
+
+
+def mul(x: Any, y: Any) -> Value:
+    return _elementwise(mul_p, x, y)
+
+
+def div(x: Any, y: Any) -> Value:
+    return _elementwise(div_p, x, y)
+
+
+def pow(x: Any, y: Any) -> Value:
+    return _elementwise(pow_p, x, y)
+
+
+def eq(x: Any, y: Any) -> Value:
+    return _elementwise(eq_p, x, y)
+
+
+def ne(x: Any, y: Any) -> Value:
+    return _elementwise(ne_p, x, y)
+
+
+def lt(x: Any, y: Any) -> Value:
+    return _elementwise(lt_p, x, y)
+
+
+def le(x: Any, y: Any) -> Value:
+    return _elementwise(le_p, x, y)
+
+
+def gt(x: Any, y: Any) -> Value:
+    return _elementwise(gt_p, x, y)
+
+
+def ge(x: Any, y: Any) -> Value:
+    return _elementwise(ge_p, x, y)
+
+
+def logical_and(x: Any, y: Any) -> Value:
+    return _elementwise(logical_and_p, x, y)
+
+
+def logical_or(x: Any, y: Any) -> Value:
+    return _elementwise(logical_or_p, x, y)
+
+
+def logical_not(x: Value) -> Value:
+    return _elementwise(logical_not_p, x)
 
 
 def select(cond: Value, x: Any, y: Any) -> Value:
     """`x` where `cond` (bool, of x's or y's shape) holds, else `y`."""
     x, y = _operands("select", (x, y))
-    return bind(PRIMITIVES["where"], broadcast_to(cond, aval(x).shape), x, y)
+    return bind(where_p, broadcast_to(cond, aval(x).shape), x, y)
 
 
 def convert(x: Value, dtype: Any, weak: bool = False) -> Value:
@@ -108,28 +221,28 @@ def convert(x: Value, dtype: Any, weak: bool = False) -> Value:
         return x
     if dtype == np.bool_:
         return ne(x, 0)
-    return bind(PRIMITIVES["convert"], x, dtype=dtype, weak=weak)
+    return bind(convert_p, x, dtype=dtype, weak=weak)
 
 
 def broadcast_to(x: Value, shape: Sequence[int]) -> Value:
     shape = tuple(int(d) for d in shape)
     if aval(x).shape == shape:
         return x
-    return bind(PRIMITIVES["broadcast_to"], x, shape=shape)
+    return bind(broadcast_to_p, x, shape=shape)
 
 
 def reshape(x: Value, shape: Sequence[int]) -> Value:
     shape = tuple(int(d) for d in shape)
     if aval(x).shape == shape:
         return x
-    return bind(PRIMITIVES["reshape"], x, shape=shape)
+    return bind(reshape_p, x, shape=shape)
 
 
 def transpose(x: Value, perm: Sequence[int]) -> Value:
     perm = tuple(int(p) for p in perm)
     if perm == tuple(range(len(perm))):
         return x
-    return bind(PRIMITIVES["transpose"], x, perm=perm)
+    return bind(transpose_p, x, perm=perm)
 
 
 def swap_last(x: Value) -> Value:
@@ -138,14 +251,14 @@ def swap_last(x: Value) -> Value:
     return transpose(x, tuple(range(n - 2)) + (n - 1, n - 2))
 
 
-def reduce(name: str, x: Value, axes: Sequence[int]) -> Value:
-    """The reduction `name` ("reduce_sum", ...) over `axes`, kept as length 1."""
+def reduce(prim: Primitive, x: Value, axes: Sequence[int]) -> Value:
+    """The reduction `prim` (a REDUCE primitive: reduce_sum_p, ...) over `axes`, kept as length 1."""
     axes = tuple(sorted(int(a) for a in axes))
-    return bind(PRIMITIVES[name], x, axes=axes) if axes else x
+    return bind(prim, x, axes=axes) if axes else x
 
 
 def reduce_sum(x: Value, axes: Sequence[int]) -> Value:
-    return reduce("reduce_sum", x, axes)
+    return reduce(reduce_sum_p, x, axes)
 
 
 def sum_to_shape(g: Value, shape: Sequence[int]) -> Value:
@@ -160,14 +273,14 @@ def sum_to_shape(g: Value, shape: Sequence[int]) -> Value:
 
 def matmul(x: Value, y: Value) -> Value:
     """A batched matrix product of operands with equal batch shapes and one dtype."""
-    return bind(PRIMITIVES["matmul"], x, y)
+    return bind(matmul_p, x, y)
 
 
 def slice_region(x: Value, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int]) -> Value:
     starts, steps, shape = (tuple(int(v) for v in t) for t in (starts, steps, shape))
     if shape == aval(x).shape and not any(starts) and all(s == 1 for s in steps):
         return x
-    return bind(PRIMITIVES["slice"], x, starts=starts, steps=steps, shape=shape)
+    return bind(slice_p, x, starts=starts, steps=steps, shape=shape)
 
 
 def pad_region(x: Value, starts: Sequence[int], steps: Sequence[int], shape: Sequence[int], value: Any = 0
@@ -175,12 +288,12 @@ def pad_region(x: Value, starts: Sequence[int], steps: Sequence[int], shape: Seq
     starts, steps, shape = (tuple(int(v) for v in t) for t in (starts, steps, shape))
     if shape == aval(x).shape and not any(starts) and all(s == 1 for s in steps):
         return x
-    return bind(PRIMITIVES["pad"], x, starts=starts, steps=steps, shape=shape, value=value)
+    return bind(pad_p, x, starts=starts, steps=steps, shape=shape, value=value)
 
 
 def gather(x: Value, indices: Sequence[Value]) -> Value:
-    return bind(PRIMITIVES["gather"], x, *indices)
+    return bind(gather_p, x, *indices)
 
 
 def scatter_add(g: Value, indices: Sequence[Value], shape: Sequence[int]) -> Value:
-    return bind(PRIMITIVES["scatter_add"], g, *indices, shape=tuple(int(d) for d in shape))
+    return bind(scatter_add_p, g, *indices, shape=tuple(int(d) for d in shape))

@@ -33,7 +33,6 @@ from jitgrad.errors import UnsupportedError
 from jitgrad.passes.loops import HostStep, Load, LoopKernel, Program, Stage, Store, is_transparent, view_kernel
 from jitgrad.ir.graph import Atom, Aval, Var
 from jitgrad.kernels.cuda import codegen as kc
-from jitgrad.ops.linalg import matmul_p
 from jitgrad.ir.primitive import Kind
 from jitgrad.kernels.buffers import outputs_to_copy
 from jitgrad.kernels.slots import SlotTable, release_after, run_steps
@@ -307,7 +306,7 @@ class CudaExecutable:
                                [self._slot(o) for o in step.outputs], fused=True)
         e = step.eqn
         ins, outs = [self._slot(a) for a in e.inputs], [self._slot(o) for o in e.outs]
-        if e.prim is matmul_p:
+        if e.prim.matrix_product:
             return _MatmulCall(e.inputs[0].aval, e.inputs[1].aval, e.out.aval, ins, outs)
         if is_transparent(e):
             copy = view_kernel(e.out, {e.out: e})
