@@ -1,10 +1,16 @@
 """Transformations (issue 37): per-example gradients with `jg.vmap(jg.grad(loss))`, and `jg.jvp` of W1.
 
-    python bench/transforms.py [--rounds N] [--jvp-rounds N] [--batch B] [--n N]
+    python bench/transforms.py [--rounds N] [--jvp-rounds N] [--batch B] [--n N] [--floors] [--split-ab]
 
 (a) Per-example gradients of an MLP (784 -> 256 -> 10, tanh, softmax cross-entropy, float32, B = 256):
     `jg.vmap(jg.grad(loss), in_axes=(None, 0, 0))` (one program), a Python loop of B calls of `jg.grad(loss)`
     (the same compiled program per call), and `torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))`.
+    With --floors, the same round-robin also times what bounds them: the loop's two parts (its B grad calls;
+    np.stack of their first-weight gradients) and numpy writing the first-weight gradients' bytes (B x 784 x 256
+    float32: fresh memory filled, and a copy into memory already mapped), printed with GB/s. With --split-ab,
+    vmap(grad) and the loop also run with jitgrad's split products off (`blas_threads.SPLIT = False` around the
+    call: products above SMALL_PRODUCT on numpy's OpenBLAS threads, the rule before the split), in the same
+    round-robin.
 (b) W1 (`bench/workloads.py`) at N = 1e6: `jg.jvp` against W1's forward alone under `jg.trace` (target: at
     most 1.3x), round-robin between the two only; (c) the same beside torch's forward and `torch.func.jvp` of the
     torch formula, all four round-robin (torch's calls leave its OpenMP threads busy for a while after they
@@ -75,6 +81,43 @@ def per_example_candidates(params: dict, xs: np.ndarray, ys: np.ndarray) -> dict
         return {k: v.numpy() for k, v in tvmapped(tparams, txs, tys).items()}
 
     return {"vmap(grad)": lambda: vmapped(params, xs, ys), "loop of grad": loop, "torch.func": torch_func}
+
+
+def floor_candidates(params: dict, xs: np.ndarray, ys: np.ndarray) -> dict[str, Callable[[], Any]]:
+    """What bounds (a): the loop's calls and its stack apart, and numpy writing the first weight's gradients' bytes."""
+    single = jg.grad(mlp_loss)
+    w1s = [single(params, xs[i], ys[i])["w1"] for i in range(len(xs))]
+    shape = (len(xs),) + params["w1"].shape
+    kept, source = np.empty(shape, wl.DTYPE), np.ones(shape, wl.DTYPE)
+    return {"loop: grad calls only": lambda: [single(params, xs[i], ys[i]) for i in range(len(xs))],
+            "loop: np.stack of w1 grads": lambda: np.stack(w1s),
+            "numpy: fill fresh w1-grad bytes": lambda: np.empty(shape, wl.DTYPE).fill(0),
+            "numpy: copy w1-grad bytes, mapped": lambda: np.copyto(kept, source)}
+
+
+def unsplit_candidates(runs: dict[str, Callable[[], Any]]) -> dict[str, Callable[[], Any]]:
+    """vmap(grad) and the loop with `blas_threads.SPLIT` False during the call (where the module has it)."""
+    from jitgrad.ops import blas_threads
+
+    def unsplit(run: Callable[[], Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            saved = blas_threads.SPLIT
+            blas_threads.SPLIT = False
+            try:
+                return run()
+            finally:
+                blas_threads.SPLIT = saved
+        return call
+
+    if not hasattr(blas_threads, "SPLIT"):
+        print("--split-ab: this jitgrad has no split products (blas_threads.SPLIT); skipped")
+        return {}
+    return {f"{name}, unsplit products": unsplit(runs[name]) for name in ("vmap(grad)", "loop of grad")}
+
+
+def floors(ms: dict[str, float], nbytes: int) -> None:
+    for name in ("vmap(grad)", "torch.func", "numpy: fill fresh w1-grad bytes", "numpy: copy w1-grad bytes, mapped"):
+        print(f"{name}: {nbytes / 1e6:.0f} MB written in {ms[name]:.3g} ms = {nbytes / 1e6 / ms[name]:.2f} GB/s")
 
 
 # ---------------------------------------------------------------- (b) jvp of W1
@@ -148,6 +191,9 @@ def report(title: str, runs: dict[str, Callable[[], Any]], rounds: int, ratios: 
     print("|---|---|---|---|")
     ok = True
     for name in runs:
+        if name.startswith(("loop:", "numpy:")):
+            print(f"| {name} | {ms[name]:.3g} | {first[name]:.2f} | floor |")
+            continue
         err = difference(results[name], results[reference]) if name != reference else 0.0
         ok &= err <= tolerance
         check = "reference" if name == reference else f"{'ok' if err <= tolerance else 'DIFFERS'} ({err:.0e})"
@@ -165,13 +211,26 @@ def main() -> int:
     parser.add_argument("--jvp-rounds", type=int, default=100, help="rounds of the jvp section")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--n", type=int, default=10 ** 6, help="W1's length in the jvp section")
+    parser.add_argument("--floors", action="store_true", help="time (a)'s floors in its round-robin too")
+    parser.add_argument("--split-ab", action="store_true", help="(a) also with jitgrad's split products off")
     args = parser.parse_args()
     print(f"{variants.observed_order()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"{os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     params, xs, ys = mlp_inputs(args.batch, np.random.default_rng(0))
-    report(f"(a) per-example gradients, MLP {'-'.join(map(str, SIZES))}, B={args.batch}, float32",
-           per_example_candidates(params, xs, ys), args.rounds,
-           [("loop of grad", "vmap(grad)"), ("torch.func", "vmap(grad)")], "torch.func", 1e-4)
+    runs = per_example_candidates(params, xs, ys)
+    ratios = [("loop of grad", "vmap(grad)"), ("torch.func", "vmap(grad)")]
+    if args.split_ab:
+        unsplit = unsplit_candidates(runs)
+        runs.update(unsplit)
+        if unsplit:
+            ratios += [("loop of grad, unsplit products", "vmap(grad), unsplit products"),
+                       ("torch.func", "vmap(grad), unsplit products")]
+    if args.floors:
+        runs.update(floor_candidates(params, xs, ys))
+    ms = report(f"(a) per-example gradients, MLP {'-'.join(map(str, SIZES))}, B={args.batch}, float32",
+                runs, args.rounds, ratios, "torch.func", 1e-4)
+    if args.floors:
+        floors(ms, args.batch * SIZES[0] * SIZES[1] * np.dtype(wl.DTYPE).itemsize)
     runs = jvp_candidates(args.n, np.random.default_rng(1))
     report(f"(b) jvp of W1 at {wl.length_label(args.n)}, float32, jitgrad alone",
            {k: runs[k] for k in ("jg forward", "jg.jvp")}, args.jvp_rounds, [("jg.jvp", "jg forward")], "jg.jvp", 1e-4)

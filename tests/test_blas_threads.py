@@ -1,6 +1,8 @@
-"""jitgrad's small matrix products run on one OpenBLAS thread, by a rule on their shape alone
-(jitgrad/ops/blas_threads.py): the same bits as numpy's product on one thread, whatever numpy's setting, and
-numpy's setting put back after them, also when many threads multiply at once."""
+"""jitgrad's matrix products run on one OpenBLAS thread, by a rule on their shape alone
+(jitgrad/ops/blas_threads.py): up to SMALL_PRODUCT (= SPLIT_FROM) multiply-adds the same bits as numpy's
+product on one thread, above it the bits of PARTS one-thread products into slices of the output, the same
+whether the parts ran side by side or one after the other; whatever numpy's setting, and numpy's setting put
+back after them, also when many threads multiply at once."""
 import threading
 
 import numpy as np
@@ -27,11 +29,23 @@ def products(dtype):
             for m, k, n in [(256, 128, 128), (333, 129, 257), (256, 128, 512)]]
 
 
+def one_after_the_other(a, b):
+    """The split product's parts computed in turn on this thread, OpenBLAS at one thread."""
+    setter, getter = blas_threads._one_thread.found
+    before = getter()
+    out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
+    setter(1)
+    for x, y, o in blas_threads._parts(a, b, out):
+        np.matmul(x, y, out=o)
+    setter(before)
+    return out
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_small_product_has_the_bits_of_one_thread_whatever_numpys_setting(two_threads, dtype) -> None:
     setter, getter = two_threads
     for a, b in products(dtype):
-        assert a.size * b.shape[1] <= blas_threads.SMALL_PRODUCT
+        assert a.size * b.shape[1] <= blas_threads.SPLIT_FROM
         got = blas_threads.matmul(a, b)
         assert getter() == 2
         setter(1)
@@ -40,16 +54,57 @@ def test_a_small_product_has_the_bits_of_one_thread_whatever_numpys_setting(two_
         assert np.array_equal(got, want)
 
 
-def test_a_large_product_keeps_numpys_setting(two_threads) -> None:
+def operands(dtype):
+    """Split products: rows or columns, transposed operands, batch dimensions (broadcast too), odd sizes."""
     rng = np.random.default_rng(1)
-    a, b = rng.standard_normal((1024, 256)).astype(np.float32), rng.standard_normal((256, 1024)).astype(np.float32)
-    assert a.size * b.shape[1] > blas_threads.SMALL_PRODUCT
+    found = []
+    for sa, sb, ta, tb in [((128, 256), (256, 1024), 0, 0), ((64, 1024), (1024, 512), 0, 1),
+                           ((1024, 64), (64, 1024), 1, 0), ((333, 129), (129, 1257), 1, 1),
+                           ((1024, 256), (256, 1024), 0, 0), ((9, 513), (513, 4099), 0, 0),
+                           ((8, 128, 256), (8, 256, 512), 0, 0), ((3, 1, 128, 512), (4, 512, 256), 0, 0)]:
+        a, b = rng.standard_normal(sa).astype(dtype), rng.standard_normal(sb).astype(dtype)
+        found.append((a.T.copy().T if ta else a, b.T.copy().T if tb else b))  # .T.copy().T: a transposed view
+    return found
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_split_product_has_the_bits_of_its_parts_in_turn_whoever_ran_them(two_threads, dtype) -> None:
+    _, getter = two_threads
+    for a, b in operands(dtype):
+        assert blas_threads.splits(a, b)
+        want = one_after_the_other(a, b)
+        got = [blas_threads.matmul(a, b) for _ in range(4)]  # the helper, when free, runs the second part
+        blas_threads._helper.skip = 2
+        got += [blas_threads.matmul(a, b) for _ in range(2)]  # both parts on this thread
+        assert all(np.array_equal(g, want) for g in got) and getter() == 2
+        tol = 1e-4 if dtype == np.float32 else 1e-12
+        exact = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        np.testing.assert_allclose(want, exact, rtol=tol, atol=tol * 100)
+
+
+def test_a_split_product_writes_through_out_and_not_into_its_own_operands(two_threads) -> None:
+    a, b = operands(np.float32)[0]
+    out = np.full((a.shape[0], b.shape[1]), np.nan, np.float32)
+    assert blas_threads.matmul(a, b, out=out) is out and np.array_equal(out, one_after_the_other(a, b))
+    square = np.random.default_rng(3).standard_normal((512, 512)).astype(np.float32)
+    want = np.matmul(square, square)
+    blas_threads.matmul(square, square, out=square)  # overlaps: numpy's own product, which copies first
+    assert np.array_equal(square, want)
+
+
+def test_without_the_split_a_large_product_keeps_numpys_setting(two_threads, monkeypatch) -> None:
+    monkeypatch.setattr(blas_threads, "SPLIT", False)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in [(1024, 256), (256, 1024)])
+    assert a.size * b.shape[1] > blas_threads.SMALL_PRODUCT and not blas_threads.splits(a, b)
     assert np.array_equal(blas_threads.matmul(a, b), np.matmul(a, b))
 
 
-def test_many_threads_multiplying_at_once_leave_the_setting_as_it_was(two_threads) -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_many_threads_multiplying_at_once_leave_the_setting_as_it_was(two_threads, split) -> None:
     _, getter = two_threads
-    a, b = products(np.float32)[0]
+    a, b = operands(np.float32)[0] if split else products(np.float32)[0]
+    assert blas_threads.splits(a, b) == split
     want = blas_threads.matmul(a, b)
     barrier, wrong = threading.Barrier(8), []
 
@@ -84,3 +139,15 @@ def test_multiply_adds_count_broadcast_batches() -> None:
     assert blas_threads.multiply_adds((4, 3), (3, 5)) == 60
     assert blas_threads.multiply_adds((4, 3), (7, 3, 5)) == 7 * 60
     assert blas_threads.multiply_adds((2, 1, 4, 3), (6, 3, 5)) == 12 * 60
+
+
+def test_a_forked_child_splits_products_with_a_helper_of_its_own() -> None:
+    import os
+    a, b = operands(np.float32)[0]
+    want = blas_threads.matmul(a, b)  # the parent's helper thread exists now
+    pid = os.fork()
+    if pid == 0:
+        ok = all(np.array_equal(blas_threads.matmul(a, b), want) for _ in range(3))
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -1,21 +1,30 @@
-"""One OpenBLAS thread for jitgrad's small matrix products, by a fixed rule on their shape.
+"""jitgrad's matrix products on one OpenBLAS thread, larger ones split in parts, by a fixed rule on their shape.
 
 numpy's OpenBLAS splits every product above about 2^18 multiply-adds over its threads. On a machine
 whose cores other work keeps busy, each split product waits for a thread that must first get a core:
 measured on 2 cores beside other jobs, the small transformer block's step took 190-350 ms in three of
 five fresh processes (each of its 68 products about 3 ms) against 6 ms with one OpenBLAS thread.
-Products of at most SMALL_PRODUCT multiply-adds (0.5-2 ms on one core) gain little from a second
-thread even on an idle machine, so they run on one: the count is set to 1 around the product and
-put back after it. The rule reads the shape only, never the load, so a product's bits are the same
-in every run (OpenBLAS's bits depend on its thread count). Larger products keep numpy's setting.
+So OpenBLAS's thread count is set to 1 around every product jitgrad runs and put back after it: products
+of at most SMALL_PRODUCT multiply-adds (0.5-2 ms on one core) have numpy's one-thread bits. Products of
+more than SPLIT_FROM (= SMALL_PRODUCT) multiply-adds are cut into PARTS slices of the output (rows, or
+columns when there are more of them), each an ordinary one-thread np.matmul into its slice; the caller
+computes the first and hands the second to a helper thread when that is idle, taking it back if the
+helper has not started it by the time the first is done (cores busy; the helper is then left out for the
+next LATE_SKIP products). Each part is the same one-thread call whoever runs it, so the bits never
+depend on the load, the core count or whether the parts ran side by side: the rule reads the shape and
+dtype only (OpenBLAS's bits depend on its thread count, and a part's bits differ from the whole
+product's in the last places). JITGRAD_BLAS_SPLIT=0 (read at import) turns the split off: larger
+products then keep numpy's setting, as before. A lower SPLIT_FROM (2^22 tried) also splits the medium
+LSTM's 2^24 products: on a loaded 2-core machine that was no better, on a quiet one it is unmeasured.
 
-The count is process-wide: a numpy product another thread starts while a small product runs here
-also gets one thread. Nested and concurrent small products share one setting (a depth count under a
-lock); where numpy's BLAS is not OpenBLAS, or its thread count cannot be found, nothing changes.
+The count is process-wide: a numpy product another thread starts while a product runs here also gets
+one thread. Nested and concurrent products share one setting (a depth count under a lock); where
+numpy's BLAS is not OpenBLAS, or its thread count cannot be found, nothing changes and nothing splits.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any, Callable
 
@@ -80,15 +89,124 @@ _one_thread = _OneThread()
 
 def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     """Multiply-adds of a (..., M, K) @ (..., K, N) product, batch dimensions broadcast."""
-    batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
-    return int(np.prod(batch, dtype=np.int64)) * a_shape[-2] * a_shape[-1] * b_shape[-1]
+    product = a_shape[-2] * a_shape[-1] * b_shape[-1]
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return product
+    return int(np.prod(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]), dtype=np.int64)) * product
+
+
+SPLIT_FROM = SMALL_PRODUCT  # multiply-adds: above this a product is computed as PARTS one-thread products
+PARTS = 2  # fixed, like the rule's other inputs: never the machine's core count or load
+LATE_SKIP = 16  # products run without the helper after it did not start in time (cores busy)
+SPLIT = os.environ.get("JITGRAD_BLAS_SPLIT", "1") != "0"  # JITGRAD_BLAS_SPLIT=0: numpy's product, as before
+
+
+class _Helper:
+    """One daemon thread that computes the second part of a split product while the caller computes the
+    first. The caller hands a part over only when the helper is idle (a non-blocking try), and takes the
+    part back if the helper has not started it when the caller's own part is done, so a helper kept off
+    the cores by other work costs at most the handover: the product then runs as two parts in turn."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # held by the caller whose part the helper may hold
+        self.ready = threading.Semaphore(0)
+        self.done = threading.Semaphore(0)  # released once for each part the helper claimed
+        self.job: tuple[threading.Lock, tuple[np.ndarray, np.ndarray, np.ndarray], list[BaseException]] | None = None
+        self.thread: threading.Thread | None = None
+        self.skip = 0  # products to run without the helper, after it was late
+
+    def run(self) -> None:
+        while True:
+            self.ready.acquire()
+            job = self.job  # one read: the claim goes with its part
+            if job is None or not job[0].acquire(blocking=False):
+                continue  # taken back by its caller (a late wake-up)
+            (a, b, out), errors = job[1], job[2]
+            try:
+                np.matmul(a, b, out=out)
+            except BaseException as e:  # noqa: BLE001 - the caller raises it
+                errors.append(e)
+            self.done.release()
+
+    def split(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        if self.skip > 0 or len(parts) != 2 or not self.lock.acquire(blocking=False):
+            self.skip = max(self.skip - 1, 0)
+            for a, b, out in parts:
+                np.matmul(a, b, out=out)
+            return
+        try:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name="jitgrad-blas-part", daemon=True)
+                self.thread.start()
+            claim, errors = threading.Lock(), []
+            self.job = (claim, parts[1], errors)
+            self.ready.release()
+            a, b, out = parts[0]
+            np.matmul(a, b, out=out)
+            if claim.acquire(blocking=False):  # not started: cores busy, the caller computes it
+                self.skip = LATE_SKIP
+                a, b, out = parts[1]
+                np.matmul(a, b, out=out)
+            else:
+                self.done.acquire()
+                if errors:
+                    raise errors[0]
+        finally:
+            self.job = None  # the operands and output are not kept alive
+            self.lock.release()
+
+
+_helper = _Helper()
+
+
+def _new_helper() -> None:
+    """In a forked child: a helper of its own (the parent's thread is not there, its locks may be held)."""
+    global _helper
+    _helper = _Helper()
+
+
+os.register_at_fork(after_in_child=_new_helper)
+
+
+def _parts(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The product cut into PARTS slices of the output's larger dimension (rows, else columns), so that
+    the operand each part packs again is the smaller one. Fixed by the shapes alone."""
+    m, n = a.shape[-2], b.shape[-1]
+    along_rows = m >= n
+    size = m if along_rows else n
+    edges = [size * i // PARTS for i in range(PARTS + 1)]
+    if along_rows:
+        return [(a[..., lo:hi, :], b, out[..., lo:hi, :]) for lo, hi in zip(edges, edges[1:])]
+    return [(a, b[..., lo:hi], out[..., lo:hi]) for lo, hi in zip(edges, edges[1:])]
+
+
+def splits(a: np.ndarray, b: np.ndarray, madds: int | None = None) -> bool:
+    """Whether matmul computes this product as PARTS one-thread products (a rule on shape and dtype)."""
+    return (SPLIT and a.ndim >= 2 and b.ndim >= 2 and _one_thread.found is not None
+            and (multiply_adds(a.shape, b.shape) if madds is None else madds) > SPLIT_FROM
+            and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
+            and max(a.shape[-2], b.shape[-1]) >= 2 * PARTS)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> np.ndarray:
-    """np.matmul, on one OpenBLAS thread when the product has at most SMALL_PRODUCT multiply-adds."""
-    if a.ndim < 2 or b.ndim < 2 or multiply_adds(a.shape, b.shape) > SMALL_PRODUCT or not _one_thread.enter():
+    """np.matmul on one OpenBLAS thread; above SPLIT_FROM multiply-adds as PARTS one-thread products into
+    slices of the output, side by side when the helper is free. Without the split, products above
+    SMALL_PRODUCT keep numpy's setting."""
+    if a.ndim < 2 or b.ndim < 2:
         return np.matmul(a, b, **kwargs)
+    out, madds = kwargs.get("out"), multiply_adds(a.shape, b.shape)
+    split = splits(a, b, madds) and set(kwargs) <= {"out"} and (out is None or (
+        out.dtype == a.dtype and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)))
+    if not split and madds > SMALL_PRODUCT:
+        return np.matmul(a, b, **kwargs)
+    if split and out is None:
+        out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
+    held = _one_thread.enter()
     try:
-        return np.matmul(a, b, **kwargs)
+        if not split:
+            return np.matmul(a, b, **kwargs)
+        _helper.split(_parts(a, b, out))
+        return out
     finally:
-        _one_thread.exit()
+        if held:
+            _one_thread.exit()
