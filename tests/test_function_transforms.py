@@ -275,3 +275,16 @@ def test_both_rules_at_once_are_refused() -> None:
 
     with pytest.raises(jg.FunctionError, match="keep one"):
         jg.vmap(lambda r: Both.apply(W, r))(X)
+
+
+class MappedSin(Sin):
+    generate_vmap_rule = True
+
+
+def test_jvp_of_vmap_and_vmap_of_jvp_use_the_functions_jvp_as_torch_func_does() -> None:
+    xs, ts = RNG.standard_normal((4, 3)), RNG.standard_normal((4, 3))
+    f, ft = (lambda x: MappedSin.apply(x) * x), (lambda x: TorchSin.apply(x) * x)
+    ref = torch.func.jvp(torch.func.vmap(ft), (t(xs),), (t(ts),))[1].numpy()
+    np.testing.assert_allclose(jg.jvp(jg.vmap(f), (xs,), (ts,))[1], ref, rtol=1e-14)
+    np.testing.assert_allclose(jg.vmap(lambda x, v: jg.jvp(f, (x,), (v,))[1])(xs, ts), ref, rtol=1e-14)
+    assert not np.allclose(ref, np.cos(xs) * xs * ts + np.sin(xs) * ts)  # the user's jvp ran, not the derivative

@@ -16,7 +16,7 @@ unbatched inputs are summed over the batch. A Function with neither is refused b
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from jitgrad.tracing import lax as L
@@ -103,13 +103,24 @@ custom_jvp_p = declare(_UserJvpPrimitive("custom_function_jvp", Kind.CALL, _outp
 
 
 def swap_user_jvps(graph: Graph, to_user: bool) -> Graph:
-    """`graph` with the equations of Functions that have a `jvp` on `custom_jvp_p` (to_user) or back."""
+    """`graph` with the equations of Functions that have a `jvp` on `custom_jvp_p` (to_user) or back, those
+    inside a generated vmap rule's `batched_call` included (its pullback replays the per-example equation)."""
     source, target = (custom_function_p, custom_jvp_p) if to_user else (custom_jvp_p, custom_function_p)
-    hits = [e.prim is source and _overrides(e.params["fn"], "jvp") for e in graph.eqns]
-    if not any(hits):
+
+    def swapped(e: Eqn) -> Eqn | None:
+        if e.prim is source and _overrides(e.params["fn"], "jvp"):
+            return Eqn(target, e.inputs, e.params, e.outs, e.source, e.label)
+        if e.prim is batched_call_p:
+            inner = swapped(e.params["_batched"].inner)
+            if inner is not None:
+                params = dict(e.params, _batched=replace(e.params["_batched"], inner=inner))
+                return Eqn(e.prim, e.inputs, params, e.outs, e.source, e.label)
+        return None
+
+    found = [swapped(e) for e in graph.eqns]
+    if all(f is None for f in found):
         return graph
-    eqns = [Eqn(target, e.inputs, e.params, e.outs, e.source, e.label) if hit else e
-            for e, hit in zip(graph.eqns, hits)]
+    eqns = [e if f is None else f for e, f in zip(graph.eqns, found)]
     return Graph(graph.inputs, eqns, graph.outputs, graph.input_names)
 
 
