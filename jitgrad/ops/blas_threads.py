@@ -118,15 +118,19 @@ class _Helper:
     def run(self) -> None:
         while True:
             self.ready.acquire()
-            job = self.job  # one read: the claim goes with its part
-            if job is None or not job[0].acquire(blocking=False):
-                continue  # taken back by its caller (a late wake-up)
-            (a, b, out), errors = job[1], job[2]
-            try:
-                np.matmul(a, b, out=out)
-            except BaseException as e:  # noqa: BLE001 - the caller raises it
-                errors.append(e)
-            self.done.release()
+            self._take(self.job)  # one read: the claim goes with its part; no array stays bound while waiting
+
+    def _take(self, job: Any) -> None:
+        """Compute the offered part unless its caller took it back (a late wake-up)."""
+        if job is None or not job[0].acquire(blocking=False):
+            return
+        (a, b, out), errors = job[1], job[2]
+        try:
+            np.matmul(a, b, out=out)
+        except BaseException as e:  # noqa: BLE001 - the caller raises it
+            errors.append(e)
+        job = a = b = out = errors = None  # nothing held once the caller goes on: its buffer pool counts refs
+        self.done.release()
 
     def split(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         if self.skip > 0 or len(parts) != 2 or not self.lock.acquire(blocking=False):
