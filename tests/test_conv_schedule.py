@@ -5,6 +5,10 @@ nine shifts once per row of the padded axes (`kernels.cpu.emit.emit_unswitched`)
 what they write, the simulated peak, the pool's bytes) and on numbers: the same bits as without each rewrite."""
 from __future__ import annotations
 
+import importlib
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 
@@ -12,16 +16,10 @@ import jitgrad as jg
 from jitgrad.passes import fusion, simplify, recipes, remat
 from jitgrad.passes.loops import HostStep, LoopKernel
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
+conv_relu_pool = importlib.import_module("models").conv_relu_pool  # the bench's conv block, as users write it
+
 RNG = np.random.default_rng(0)
-
-
-def conv_relu_pool(x, kernel, bias):
-    """bench/models.py's conv block: im2col by nine shifted views of the padded input, one matmul, ReLU, max-pool."""
-    batch, height, width, channels = x.shape
-    padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    patches = np.stack([padded[:, i:i + height, j:j + width, :] for i in range(3) for j in range(3)], axis=3)
-    y = patches.reshape(batch * height * width, 9 * channels) @ kernel.reshape(9 * channels, -1) + bias
-    return np.maximum(y, 0).reshape(batch, height // 2, 2, width // 2, 2, -1).max(axis=(2, 4))
 
 
 def convnet(images, k1, b1, k2, b2):
