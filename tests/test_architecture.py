@@ -212,10 +212,15 @@ def test_every_primitive_declares_what_later_stages_read(name) -> None:
         assert prim.index_map is not None, name
 
 
-def test_no_module_is_longer_than_400_lines_without_saying_why() -> None:
+MAX_LINES = 450  # no module is longer, and none has a waiver
+SAY_WHY_OVER = 400  # a module longer than this says why in its first 12 lines ("over 400 lines: ...")
+
+
+def test_no_module_is_longer_than_450_lines_nor_over_400_without_saying_why() -> None:
     for path in list(PACKAGES["jitgrad"].rglob("*.py")) + list(PACKAGES["jitgrad.kernels"].rglob("*.py")):
         lines = path.read_text().splitlines()
-        if len(lines) > 400:
+        assert len(lines) <= MAX_LINES, f"{path} has {len(lines)} lines: split it by what its parts are"
+        if len(lines) > SAY_WHY_OVER:
             head = "\n".join(lines[:12])
             assert "over 400 lines" in head.lower(), f"{path} has {len(lines)} lines and no reason at its top"
 

@@ -1,4 +1,5 @@
-"""The elementwise ops of jitgrad/ops/elementwise_more.py (and float_power, fmax, fmin): rows of the op table
+"""fmod, floor division and divmod, hypot, logaddexp(2), copysign, ldexp, cbrt, arccosh, sinc, the degree/radian
+conversions, heaviside, nan_to_num (and float_power, fmax, fmin): rows of the op table
 (forward against numpy, gradients against torch and central differences, second derivatives by
 gradgradcheck, hypothesis-drawn broadcast shapes, float32 and float64), then numpy's numbers bit for bit
 over special values (signed zeros, infinities, NaN, subnormals, the extremes, negative operands) and

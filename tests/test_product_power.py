@@ -1,4 +1,4 @@
-"""float32 x ** 3 is (x * x) * x, as torch computes it (jitgrad/ops/elementwise.py, `power`): torch's bits,
+"""float32 x ** 3 is (x * x) * x, as torch computes it (jitgrad/ops/arithmetic.py, `power`): torch's bits,
 the documented bound (under 2 ulp of the exact cube, measured with exact rational arithmetic), numpy's
 special values, float32 gradients against torch, and no libm pow call left in the kernel."""
 from __future__ import annotations

@@ -5,7 +5,9 @@ import math
 
 from jitgrad.tracing.dispatch import export
 from jitgrad.ops.core import ArrayLike
-from jitgrad.ops.elementwise import absolute, add, exp, less_equal, log1p, maximum, multiply, negative, tanh, where
+from jitgrad.ops.arithmetic import absolute, add, multiply, negative
+from jitgrad.ops.comparisons import less_equal, maximum, where
+from jitgrad.ops.transcendental import exp, log1p, tanh
 
 
 @export

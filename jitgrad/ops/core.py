@@ -67,6 +67,12 @@ def ufunc_binding(ufunc: np.ufunc, prim: Primitive, name: str | None = None,
     return implements(ufunc, aliases=aliases)(op)
 
 
+def _math(name: str, vec: str | None = None) -> dict:
+    """The lowering of a math function: numpy's, or vecmath's `vec`."""
+    cpu = f"{vec}({{0}})" if vec else f"np.{name}({{0}})"
+    return lowerings(cpu, imports=(f"{VECMATH}.{vec}",) if vec else ())
+
+
 # ---------------------------------------------------------------------- promotion and broadcasting
 
 def _dummy(a: Aval) -> Any:

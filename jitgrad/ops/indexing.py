@@ -1,9 +1,5 @@
-"""Indexing: the gather and scatter-add primitives, numpy's basic and advanced `x[key]`, take (all modes),
-take_along_axis, repeat and one_hot; out-of-place writes (jg.add_at, jg.put_along_axis) and the refusal of
-numpy's in-place ones; jg.nonzero with a fixed size, and the refusals of data-dependent shapes (np.nonzero,
-np.unique, traced masks...) with what to write instead. Over 400 lines: reads, writes and the fixed-size
-nonzero share one index parser and the gather/scatter primitives, and each refusal sits next to the
-alternative it names."""
+"""Indexing reads: the gather and scatter-add primitives (scatter-add is gather's gradient), numpy's basic and
+advanced `x[key]`, take (all modes), take_along_axis, repeat, one_hot, and iteration over a traced array."""
 from __future__ import annotations
 
 import builtins
@@ -12,15 +8,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from jitgrad.tracing import lax as L
-from jitgrad.tracing.dispatch import export, implements, register_method
+from jitgrad.tracing.dispatch import export, implements
 from jitgrad.errors import ArgumentError, ShapeError, TraceError, UnsupportedError
 from jitgrad.ir.graph import Aval
 from jitgrad.ir.primitive import Kind, Primitive, declare
 from jitgrad.tracing.tracer import Tracer, bind, constant_of, where_text
-from jitgrad.ops.core import ArrayLike, aval_of, broadcast_to, convert, normalize_axes, result_type
-from jitgrad.ops.elementwise import astype, equal, maximum, minimum, remainder
+from jitgrad.ops.core import ArrayLike, aval_of, broadcast_to, normalize_axes
+from jitgrad.ops.arithmetic import remainder
+from jitgrad.ops.comparisons import astype, equal, maximum, minimum
 from jitgrad.ops.regions import slice_region
-from jitgrad.ops.shapes import expand_dims, ravel, reshape, static_int, transpose
+from jitgrad.ops.shapes import expand_dims, ravel, reshape, transpose
 
 
 def _gather_rule(avals: Sequence[Aval], **_: Any) -> Aval:
@@ -98,18 +95,6 @@ def _batch_scatter_add(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any])
     (g, *indices), (dg, *di) = args, dims
     found = _batch_indices(b, indices, di, True)
     return [L.scatter_add(b.move(g, dg, 0), found, (b.size,) + e.params["shape"])], [0]
-
-
-def _batch_flat_write(b: Any, e: Any, args: Sequence[Any], dims: Sequence[Any]) -> tuple[list[Any], list[int]]:
-    """add_at and put write a flat array at flat positions: the batch is one flat array of B rows, each row's
-    positions moved by its offset."""
-    a, values, positions = (b.move(x, d, 0) for x, d in zip(args, dims))
-    (rows, n), shape = aval_of(a).shape, aval_of(positions).shape
-    offsets = (np.arange(rows) * n).astype(aval_of(positions).dtype).reshape(rows, 1)
-    moved = L.add(positions, L.broadcast_to(offsets, shape))
-    flat = [L.reshape(v, (aval_of(v).size,)) for v in (a, values, moved)]
-    out = bind(e.prim, *flat)
-    return [L.reshape(out, (rows, n))], [0]
 
 
 gather_p = L.gather_p = declare(Primitive("gather", Kind.HOST, _gather_rule, _gather_impl, _gather_vjp,
@@ -342,195 +327,6 @@ def take_along_axis(arr: ArrayLike, indices: Any, axis: Any = -1) -> ArrayLike:
     return getitem(x, key)
 
 
-# ---------------------------------------------------------------------- writes, out of place
-
-def _add_at_impl(a: Any, values: Any, positions: Any) -> np.ndarray:
-    """A copy of flat `a` with np.add.at(copy, positions, values): repeated positions add up in order."""
-    out = np.array(a, copy=True)
-    np.add.at(out, np.asarray(positions), values)
-    return out
-
-
-def _add_at_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> list[Any]:
-    (g,), (_, values, positions) = cts, ins
-    return [g, L.convert(L.gather(g, [positions]), values.dtype), None]
-
-
-def _put_impl(a: Any, values: Any, positions: Any) -> np.ndarray:
-    """A copy of flat `a` with `values` written at `positions` (numpy's assignment: the last write wins)."""
-    out = np.array(a, copy=True)
-    out[np.asarray(positions)] = values
-    return out
-
-
-def _put_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any]) -> list[Any]:
-    """To `a` where nothing was written; to each value whose write was the one kept."""
-    (g,), (a, values, positions) = cts, ins
-    ids = np.arange(values.shape[0], dtype=np.int64)
-    writer = bind(put_p, np.full(a.shape, -1, np.int64), ids, positions)
-    kept = L.eq(L.gather(writer, [positions]), ids)
-    return [L.select(L.eq(writer, -1), g, 0), L.select(kept, L.gather(g, [positions]), 0), None]
-
-
-add_at_p = declare(Primitive("add_at", Kind.HOST, lambda avals: avals[0], _add_at_impl, _add_at_vjp,
-                             backward_label="IndexAddBackward", batch=_batch_flat_write))
-put_p = declare(Primitive("put", Kind.HOST, lambda avals: avals[0], _put_impl, _put_vjp,
-                          backward_label="IndexPutBackward", batch=_batch_flat_write))
-
-
-def _positions(shape: tuple[int, ...], read: Any) -> ArrayLike:
-    """The flat positions `read` (an indexing function, constant or traced indices) picks from an array of `shape`."""
-    return read(np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape))
-
-
-def _write(prim: Primitive, a: ArrayLike, positions: ArrayLike, values: ArrayLike) -> ArrayLike:
-    shape = aval_of(a).shape
-    values = broadcast_to(values, aval_of(positions).shape)
-    return reshape(bind(prim, ravel(a), ravel(values), ravel(positions)), shape)
-
-
-@export
-def add_at(a: ArrayLike, indices: Any, values: ArrayLike) -> ArrayLike:
-    """numpy's in-place np.add.at(a, indices, values) as a new array: `values` added at a[indices], repeated
-    indices adding up (numpy's order and casting). Write `a = jg.add_at(a, indices, values)`."""
-    a = a if isinstance(a, Tracer) else np.asarray(a)
-    dtype, _ = result_type(np.add, a, values)
-    positions = _positions(aval_of(a).shape, lambda p: getitem(p, indices))
-    return _write(add_at_p, a, positions, convert(values, dtype))
-
-
-@export
-def put_along_axis(arr: ArrayLike, indices: Any, values: ArrayLike, axis: Any) -> ArrayLike:
-    """numpy's in-place np.put_along_axis as a new array: `values` written where take_along_axis(arr, indices,
-    axis) reads (cast to arr's dtype; of repeated indices the last write wins, as numpy's)."""
-    arr = arr if isinstance(arr, Tracer) else np.asarray(arr)
-    positions = _positions(aval_of(arr).shape, lambda p: take_along_axis(p, indices, axis))
-    return _write(put_p, arr, positions, convert(values, aval_of(arr).dtype))
-
-
-@implements(np.add, ufunc_method="at", signature="(a, indices, b=None, /)", export=False)
-def _add_at_in_place(a: Any, indices: Any, b: Any = None, /) -> None:
-    """np.add.at writes into `a`: refused, with the out-of-place spelling."""
-    raise UnsupportedError(f"numpy.add.at(a, indices, b) adds into `a` in place, and a traced array cannot change (nor "
-                           f"can an array outside the trace take traced values): returning a new array instead would "
-                           f"leave your `a` unchanged. Write a = jg.add_at(a, indices, b), which returns the new array"
-                           f"{where_text()}")
-
-
-@implements(np.put_along_axis, export=False)
-def _put_along_axis_in_place(arr: Any, indices: Any, values: Any, axis: Any) -> None:
-    """np.put_along_axis writes into `arr`: refused, with the out-of-place spelling."""
-    raise UnsupportedError(f"numpy.put_along_axis(arr, indices, values, axis) writes into `arr` in place, and a traced "
-                           f"array cannot change: returning a new array instead would leave your `arr` unchanged. "
-                           f"Write arr = jg.put_along_axis(arr, indices, values, axis), which returns the new array"
-                           f"{where_text()}")
-
-
-# ---------------------------------------------------------------------- data-dependent shapes
-
-def _nonzero_impl(x: Any, *, size: int, fill_value: tuple[int, ...]) -> np.ndarray:
-    """Per axis (rows), the indices of the first `size` nonzero elements in C order, padded with its fill value."""
-    found = np.nonzero(np.asarray(x))
-    out = np.empty((len(found), size), np.int64)
-    out[:] = np.asarray(fill_value, np.int64).reshape(-1, 1)
-    for row, i in zip(out, found):
-        row[:builtins.min(size, i.size)] = i[:size]
-    return out
-
-
-nonzero_p = declare(Primitive("nonzero", Kind.HOST,
-                              lambda avals, *, size, fill_value: Aval((avals[0].ndim, size), np.dtype(np.int64)),
-                              _nonzero_impl))
-
-
-@export
-def nonzero(a: ArrayLike, *, size: int, fill_value: Any = 0) -> tuple[ArrayLike, ...]:
-    """np.nonzero with a fixed size (JAX's `size=`): per axis, the indices of the first `size` nonzero elements
-    (C order), padded with `fill_value` (one int, or one per axis) when there are fewer."""
-    a = a if isinstance(a, Tracer) else np.asarray(a)
-    shape = aval_of(a).shape
-    size = static_int("jg.nonzero", "size", size)
-    fills = [static_int("jg.nonzero", "fill_value", f)
-             for f in (fill_value if isinstance(fill_value, (tuple, list)) else [fill_value] * len(shape))]
-    if not shape or size < 0 or len(fills) != len(shape):
-        raise ShapeError(f"jg.nonzero: needs an array of 1 or more dimensions (got shape {shape}), size >= 0 (got "
-                         f"{size}) and one fill_value or one per axis (got {fill_value!r}){where_text()}")
-    found = bind(nonzero_p, a, size=size, fill_value=tuple(fills))
-    return tuple(getitem(found, k) for k in range(len(shape)))
-
-
-_HOW_MANY_NONZERO = "how many elements are nonzero"
-_KEEP_SHAPE = "or np.where(a != 0, x, 0) to keep the shape"
-_REFUSED = {
-    np.nonzero: (_HOW_MANY_NONZERO, "write jg.nonzero(a, size=N, fill_value=0) for the first N indices (padded to N), "
-                 + _KEEP_SHAPE),
-    np.argwhere: (_HOW_MANY_NONZERO, "write np.stack(jg.nonzero(a, size=N), axis=-1) for the first N (padded to N), "
-                  + _KEEP_SHAPE),
-    np.flatnonzero: (_HOW_MANY_NONZERO, "write jg.nonzero(np.ravel(a), size=N)[0] for the first N (padded to N), "
-                     + _KEEP_SHAPE),
-}
-_REFUSED.update({fn: ("how many distinct values there are",
-                      "compute it outside the traced function and pass the result in as an argument")
-                 for fn in (np.unique, np.unique_values, np.unique_counts, np.unique_inverse, np.unique_all)})
-_SELECTED = ("how many elements the condition selects",
-             ("write np.where(condition, arr, 0) to keep the shape, np.ravel(arr)[jg.nonzero(np.ravel(condition), "
-              "size=N)[0]] for the first N, or a constant condition"))
-
-
-def data_dependent(op: str, traced: Any, why: str, instead: str) -> UnsupportedError:
-    """The refusal of an op whose output's shape depends on the values: why, and what to write instead."""
-    return UnsupportedError(f"{op} of a traced {aval_of(traced)}: the output's shape depends on the values ({why}), "
-                            f"which a trace does not know; {instead}{where_text()}")
-
-
-def _refusal(fn: Any, why: str, instead: str) -> Any:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        traced = next(a for a in list(args) + list(kwargs.values()) if isinstance(a, Tracer))
-        raise data_dependent(f"numpy.{fn.__name__}", traced, why, instead)
-    refuse.__doc__ = f"numpy.{fn.__name__}: refused, its output's shape depends on the values."
-    return refuse
-
-
-for _fn, (_why, _instead) in _REFUSED.items():
-    implements(_fn, signature="(*args, **kwargs)", export=False)(_refusal(_fn, _why, _instead))
-register_method("nonzero", lambda self: _refusal(np.nonzero, *_REFUSED[np.nonzero])(self), "(self, /)")
-
-
-def _constant_condition(op: str, condition: Any) -> np.ndarray:
-    condition = constant_of(condition)
-    if isinstance(condition, Tracer):
-        raise data_dependent(op, condition, *_SELECTED)
-    return np.asarray(condition)
-
-
-@implements(np.compress)
-def compress(condition: Any, a: ArrayLike, axis: Any = None) -> ArrayLike:
-    """numpy.compress with a constant condition: np.take of the indices where it holds."""
-    cond = _constant_condition("numpy.compress", condition)
-    x, axis = (ravel(a), 0) if axis is None else (a, axis)
-    shape = aval_of(x).shape
-    (ax,) = normalize_axes("compress", shape, axis)
-    picked = np.nonzero(cond)[0] if cond.ndim == 1 else None
-    if picked is None or picked.size and picked[-1] >= shape[ax]:
-        raise ShapeError(f"compress: condition of shape {cond.shape} must be 1-d and select within axis {axis} of "
-                         f"shape {shape}{where_text()}")
-    return take(x, picked, axis=ax)
-
-
-def _method_compress(self: ArrayLike, /, condition: Any, axis: Any = None) -> ArrayLike:
-    return compress(condition, self, axis)
-
-
-register_method("compress", _method_compress, "(self, /, condition, axis=None, out=None)")
-
-
-@implements(np.extract)
-def extract(condition: Any, arr: ArrayLike) -> ArrayLike:
-    """numpy.extract with a constant condition: the flattened array's elements where it is nonzero."""
-    cond = _constant_condition("numpy.extract", condition)
-    return take(ravel(arr), np.nonzero(np.ravel(cond))[0])
-
-
 @export
 def one_hot(indices: ArrayLike, n: int, dtype: Any = np.float64) -> ArrayLike:
     """Rows of the n x n identity picked by integer `indices` (an index outside [0, n) gives a zero row,
@@ -548,8 +344,3 @@ def tracer_iter(t: Tracer) -> Any:
     if t.ndim == 0:
         raise TraceError(f"iteration over a 0-d traced array{where_text()}")
     return (getitem(t, k) for k in range(t.shape[0]))
-
-
-def tracer_setitem(t: Tracer, key: Any, value: Any) -> None:
-    raise UnsupportedError(f"traced arrays are immutable: x[...] = v cannot be traced (array of shape {t.shape}); "
-                           f"build the result with np.where, np.concatenate or np.pad{where_text()}")

@@ -15,7 +15,7 @@ from jitgrad.ir.primitive import Kind, Primitive, declare
 from jitgrad.tracing.tracer import Tracer, bind, where_text
 from jitgrad.ops.core import (ArrayLike, aval_of, batch_leading, broadcast_to, check_computable, convert,
                               normalize_axes, result_type)
-from jitgrad.ops.elementwise import multiply
+from jitgrad.ops.arithmetic import multiply
 from jitgrad.ops.shapes import diagonal, reshape, transpose
 from jitgrad.ops.reductions import sum
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from jitgrad.tracing.dispatch import FUNCTIONS, METHODS, UFUNCS, numpy_name
 from jitgrad.errors import UnsupportedAttributeError, UnsupportedError
-from jitgrad.ops.indexing import getitem, tracer_iter, tracer_setitem
+from jitgrad.ops.indexing import getitem, tracer_iter
+from jitgrad.ops.writes import tracer_setitem
 from jitgrad.tracing.tracer import Tracer, where_text
 
 

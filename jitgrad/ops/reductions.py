@@ -16,8 +16,9 @@ from jitgrad.ir.primitive import Kind, Lowering, Primitive, Reduction, declare
 from jitgrad.tracing.tracer import bind, where_text
 from jitgrad.ops.core import (ArrayLike, _unchanged, aval_of, batch_along_axis, batch_rebound, broadcast_to,
                               convert, normalize_axes)
-from jitgrad.ops.elementwise import (add, divide, equal, exp, isfinite, log, maximum, minimum, multiply, sqrt,
-                                     stop_gradient, subtract, where)
+from jitgrad.ops.arithmetic import add, divide, multiply, sqrt, subtract
+from jitgrad.ops.comparisons import equal, isfinite, maximum, minimum, stop_gradient, where
+from jitgrad.ops.transcendental import exp, log
 from jitgrad.ops.shapes import ravel, reshape
 
 NO_VALUE = np._NoValue

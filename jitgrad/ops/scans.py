@@ -21,7 +21,8 @@ from jitgrad.ir.graph import Aval
 from jitgrad.ir.primitive import Kind, Primitive, declare
 from jitgrad.tracing.tracer import Tracer, bind, constant_of, where_text
 from jitgrad.ops.core import (ArrayLike, aval_of, batch_along_axis, broadcast_to, convert, normalize_axes, result_type)
-from jitgrad.ops.elementwise import add, divide, multiply, not_equal, subtract
+from jitgrad.ops.arithmetic import add, divide, multiply, subtract
+from jitgrad.ops.comparisons import not_equal
 from jitgrad.ops.reductions import _accumulation_dtype
 from jitgrad.ops.regions import slice_region
 from jitgrad.ops.shapes import concatenate, ravel, reshape

@@ -23,7 +23,8 @@ from jitgrad.ir.graph import Aval
 from jitgrad.ir.primitive import Kind, Primitive, declare
 from jitgrad.tracing.tracer import Tracer, bind, constant_of, where_text
 from jitgrad.ops.core import ArrayLike, aval_of, batch_along_axis, normalize_axes
-from jitgrad.ops.elementwise import add, isnan, multiply, subtract, where
+from jitgrad.ops.arithmetic import add, multiply, subtract
+from jitgrad.ops.comparisons import isnan, where
 from jitgrad.ops.reductions import mean
 from jitgrad.ops.regions import slice_region
 from jitgrad.ops.shapes import ravel, reshape, transpose

@@ -23,22 +23,22 @@ Value = Any  # a tracer, or a numpy constant
 
 # ---- the handles: each filled by the op module that declares the primitive (one home per op)
 
-neg_p: Primitive  # jitgrad.ops.elementwise, as are the elementwise ones below but floor_divide
-exp_p: Primitive
+neg_p: Primitive  # jitgrad.ops.arithmetic
+exp_p: Primitive  # jitgrad.ops.transcendental, as are log, sin, cos, sinh and cosh
 log_p: Primitive
 sin_p: Primitive
 cos_p: Primitive
 sinh_p: Primitive
 cosh_p: Primitive
-sqrt_p: Primitive
+sqrt_p: Primitive  # jitgrad.ops.arithmetic, as are floor to pow
 floor_p: Primitive
-floor_divide_p: Primitive  # jitgrad.ops.elementwise_more
+floor_divide_p: Primitive
 add_p: Primitive
 sub_p: Primitive
 mul_p: Primitive
 div_p: Primitive
 pow_p: Primitive
-eq_p: Primitive
+eq_p: Primitive  # jitgrad.ops.comparisons, as are ne to where
 ne_p: Primitive
 lt_p: Primitive
 le_p: Primitive
