@@ -15,6 +15,7 @@ import pytest
 import jitgrad as jg
 from jitgrad.passes import fusion, simplify, recipes, remat
 from jitgrad.passes.loops import HostStep, LoopKernel
+from jitgrad.kernels.cpu import codegen as cpu_codegen
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
 conv_relu_pool = importlib.import_module("models").conv_relu_pool  # the bench's conv block, as users write it
@@ -113,16 +114,45 @@ def test_peak_bytes_keeps_an_array_alive_while_a_host_view_of_it_is_read() -> No
     assert remat.peak_bytes(program) >= x.nbytes + 64 * 8 * 4  # exp(x) and tanh(h @ w) alive together
 
 
+def _kernel_source(fn, *inputs, kernel: int = 0, mode: str = "call") -> str:
+    """The serial kernel source `explain` shows for `fn`'s kernel number `kernel` (mode "call" or "joint")."""
+    text = jg.trace(fn).explain(*inputs)
+    source = text[text.index(f"# {mode} kernel {kernel} source"):]
+    return source[:source.index("return 0")]
+
+
 def test_im2col_tests_its_shift_once_per_row_of_the_padded_axes() -> None:
+    """The shift is tested once per image and shift, the pad once per row; rows of 3 channels are written with
+    their length (`emit.short_length`), rows of 16 with the length as an argument."""
     x = RNG.standard_normal((2, 6, 6, 3)).astype(np.float32)
     patches = lambda x: np.stack([np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))[:, i:i + 6, j:j + 6]  # noqa: E731
                                   for i in range(3) for j in range(3)], axis=3) * 2.0
-    text = jg.trace(patches).explain(x)
-    source = text[text.index("# call kernel 0 source"):]
-    source = source[:source.index("return 0")]
+    source = _kernel_source(patches, x)
     assert source.index("for i3 in") < source.index("if i3 < p") < source.index("for i1 in"), source
-    assert source.count("for i1 in range(n1):") == 9 and source.count("for i4 in range(n4):") == 18, source
+    assert source.count("for i1 in range(n1):") == 9 and source.count("for i4 in range(3):") == 18, source
     np.testing.assert_array_equal(jg.trace(patches)(x), patches(x))
+    wide = RNG.standard_normal((2, 6, 6, 16)).astype(np.float32)
+    source = _kernel_source(patches, wide)
+    assert source.count("for i4 in range(n4):") == 18 and "range(16)" not in source, source
+    np.testing.assert_array_equal(jg.trace(patches)(wide), patches(wide))
+
+
+def test_the_input_gradient_reads_the_images_interior_without_tests(monkeypatch) -> None:
+    """The second conv's input gradient sums nine padded slices of the patches' gradient; the block of the image's
+    rows and columns where all nine hold (the longest segment between their bounds on each axis) gets its own copy
+    of the channel loop with no test in it (`split.main_block`), the border tests them as before: the same bits
+    as the kernel testing nine bounds at every point."""
+    inputs = _inputs(2, 8)
+    program = _program(convnet, inputs, [1, 2, 3, 4])
+    (col2im,) = [k for k in program.kernels if k.domain == (2, 6, 6, 8)]  # the padded 4x4 image's gradient
+    source = cpu_codegen.generate(col2im, "k", parallel=False)
+    interior = source[source.index("if p"):source.index("else:")]
+    assert source.count("for i3 in range(n3):") == 2 and interior.count("if ") == 1, source
+    assert interior.count(" = a0[") == 9 and " = c0" not in interior, source
+    split = _value_and_grad(inputs)
+    monkeypatch.setattr(cpu_codegen, "main_block", lambda body, axes, extents: None)
+    assert cpu_codegen.generate(col2im, "k", parallel=False).count("for i3 in range(n3):") == 1
+    _assert_same_bits(split, _value_and_grad(inputs))
 
 
 def _pool_bytes(inputs) -> tuple[int, int]:

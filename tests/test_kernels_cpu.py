@@ -252,11 +252,15 @@ def test_pooling_maxima_are_lane_kernels_with_the_row_kernels_bits(dtype, monkey
     order over middle axes with the channels kept last run as a lane kernel (one accumulator per channel,
     channels innermost). Signed zeros (all-zero windows after a ReLU, all -0.0 ones), NaN, inf and ties
     come out as numpy's, in both variants and as the row kernel, which the test forces by switching lane
-    kernels off."""
+    kernels off. The lane kernel keeps each column's last zero term instead of rescanning a zero result (numpy's
+    order gives the last zero's sign: windows of -0.0 then +0.0, and +0.0 then -0.0)."""
     rng = np.random.default_rng(5)
     x = np.maximum(rng.standard_normal((3, 8, 2, 8, 2, 9)), 0).astype(dtype)
     x[0, :4] = 0.0
     x[1, 1, :, 2, :, 3] = -0.0
+    x[1, 4], x[1, 5] = 0.0, 0.0
+    x[1, 4, 0, :, 0, :] = -0.0
+    x[1, 5, 1, :, 1, :] = -0.0
     x[1, 2, 0, 3, 1, 4] = np.nan
     x[2, 0, 1, 0, 0, 5] = np.inf
     x[2, 3, :, 3, :, :] = 1.5
@@ -268,11 +272,12 @@ def test_pooling_maxima_are_lane_kernels_with_the_row_kernels_bits(dtype, monkey
     program = fusion.schedule(simplify.optimize(jg.trace(pool).plan(x).graph))
     (kernel,) = program.kernels
     assert cpu.is_lane_kernel(kernel) and not cpu.is_column_kernel(kernel)
-    assert "_v[u5]" in cpu.generate(kernel, "k")
+    lanes = cpu.generate(kernel, "k")
+    assert "_v[u5]" in lanes and "_z[u5]" in lanes and "== 0:" not in lanes, lanes  # no rescan
     serial, parallel = _both_variants(kernel, [x])
     assert all(np.array_equal(s, p, equal_nan=True) for s, p in zip(serial, parallel))
     monkeypatch.setattr(cpu, "is_lane_kernel", lambda k: False)
-    assert "_v[u5]" not in cpu.generate(kernel, "k")
+    assert "_v[u5]" not in cpu.generate(kernel, "k") and "== 0:" in cpu.generate(kernel, "k")
     (rows_serial, _) = _both_variants(kernel, [x])
     assert all(np.array_equal(s, r, equal_nan=True) for s, r in zip(serial, rows_serial))
     with np.errstate(invalid="ignore"):

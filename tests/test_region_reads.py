@@ -155,7 +155,8 @@ def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape(m
     """A region read's bounds and offsets are the kernel's int64 arguments (`loops.Param`): the im2col of a
     second layer with other channels and sides, and a new batch size, reuse the first one's compiled kernels
     (equal values of a kind share one argument, so shapes where a pad's edge equals a multiple of the channels,
-    side 6 with 3 channels, compile their own: avoided here)."""
+    side 6 with 3 channels, compile their own: avoided here; and so does each channel count under 8, whose
+    patches' rows are written with their length, `kernels.cpu.emit.short_length`)."""
     monkeypatch.setenv("JITGRAD_QUICK_KERNELS", "0")  # counts new signatures: no background full-level code
     rng = np.random.default_rng(3)
 
@@ -163,10 +164,10 @@ def test_shapes_are_arguments_of_region_reads_so_one_kernel_serves_every_shape(m
         return np.sum(np.maximum(im2col_loss(x, k), 0.0))
 
     f = jg.trace(conv)
-    x1, k1 = rng.standard_normal((2, 9, 9, 4)).astype(np.float32), rng.standard_normal((36, 4)).astype(np.float32)
+    x1, k1 = rng.standard_normal((2, 9, 9, 8)).astype(np.float32), rng.standard_normal((72, 4)).astype(np.float32)
     first = f.value_and_grad(x1, k1, argnums=(0, 1))
     before = compiler.stats()
-    for n, side, c in [(3, 11, 7), (2, 16, 3), (2, 10, 8)]:
+    for n, side, c in [(3, 11, 9), (2, 16, 12), (2, 10, 8)]:
         x, k = rng.standard_normal((n, side, side, c)).astype(np.float32), rng.standard_normal((9 * c, 4)).astype(
             np.float32)
         value, (gx, gk) = f.value_and_grad(x, k, argnums=(0, 1))
@@ -199,7 +200,7 @@ def test_a_region_read_on_outer_axes_tests_its_cases_once_per_row() -> None:
         return text[start:text.index("return 0", start)]
 
     rows = source(patches, x)
-    assert rows.count("for i4 in range(n4):") == 18 and rows.index("if i3 < p") < rows.index("for i4 in"), rows
+    assert rows.count("for i4 in range(3):") == 18 and rows.index("if i3 < p") < rows.index("for i4 in"), rows
     assert np.array_equal(jg.trace(patches)(x), patches(x))
     side_by_side = lambda x: np.exp(np.pad(x, 1)) + np.pad(x, ((2, 0), (0, 2)))  # noqa: E731
     points = source(side_by_side, X)
@@ -209,6 +210,32 @@ def test_a_region_read_on_outer_axes_tests_its_cases_once_per_row() -> None:
     assert last.count("for i1 in range(") == 3 and "if " not in last, last
     for fn in (side_by_side, along_last):
         np.testing.assert_allclose(jg.trace(fn)(X), fn(X), rtol=1e-6)
+
+
+@pytest.mark.parametrize("before, after", [((1, 1), (2, 0)), ((5, 0), (0, 5)), ((0, 0), (3, 1))])
+def test_region_reads_side_by_side_on_middle_axes_resolve_their_longest_block(monkeypatch, before, after) -> None:
+    """Pads and a concatenate side by side, bounded on the two middle axes only: the block of each axis' longest
+    segment between their bounds (the interior, or a wide pad's fill where that is longer) runs a copy of the last
+    axis' loop with every case resolved, the other points test theirs (`kernels.cpu.split.main_block`): the same
+    bits as testing every point, and numpy's values."""
+    x = RNG.standard_normal((2, 5, 6, 4)).astype(np.float32)
+    y = RNG.standard_normal((2, 3 + sum(before), 6 + sum(after), 4)).astype(np.float32)
+
+    def fn(x, y):
+        pads = ((0, 0), before, after, (0, 0))
+        shifted = np.pad(x, ((0, 0), before[::-1], after[::-1], (0, 0)))
+        stacked = np.concatenate([np.pad(x, ((0, 0), (0, 0), after, (0, 0)))[:, :2], y], axis=1)
+        return np.exp(np.pad(x, pads)) + shifted * 2.0 + stacked
+
+    text = jg.trace(fn).explain(x, y)
+    source = text[text.index("# call kernel 0 source"):]
+    source = source[:source.index("return 0")]
+    test = source[source.index("if "):source.index(":", source.index("if "))]
+    assert source.count("for i3 in range(n3):") == 2 and "i1" in test and "i2" in test, source
+    block = jg.trace(fn)(x, y)
+    np.testing.assert_allclose(block, fn(x, y), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr("jitgrad.kernels.cpu.codegen.main_block", lambda body, axes, extents: None)
+    assert np.asarray(block).tobytes() == np.asarray(jg.trace(fn)(x, y)).tobytes()
 
 
 @pytest.mark.parametrize("cut, start", [(5, 3), (3, 5), (4, 4), (2, 0), (7, 1)])

@@ -23,7 +23,8 @@ with the last axis kept (a max-pool) are lane kernels, channels innermost (`jitg
 An elementwise kernel whose one region read chooses by outer positions only tests its cases once per row, the
 innermost loop written inside each case (`emit.emit_unswitched`: LLVM does not unswitch these loops); region
 reads that choose by the innermost position split that loop into segments (`split`), in elementwise and
-column kernels.
+column kernels, and several side by side that choose by outer positions (but the parallel one) get a copy of the
+innermost loop for the block of those axes' longest segments, every case resolved there (`split.main_block`).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from jitgrad.kernels.cpu.columns import emit_columns, emit_lanes, is_column_kern
 from jitgrad.kernels.cpu.emit import (BLOCK, CHUNKS, LoopWriter, emit_accumulate, emit_body, emit_stores,
                                       emit_unswitched, emit_zero_rescan, is_blocked, order_dependent, row_index,
                                       unswitched_loops)
-from jitgrad.kernels.cpu.split import emit_split_loop, split_points
+from jitgrad.kernels.cpu.split import emit_split_loop, main_block, split_points
 
 __all__ = ["BLOCK", "PARALLEL_MIN_SIZE", "generate", "is_blocked", "is_column_kernel", "is_lane_kernel",
            "kernel_arguments", "module_source", "scalar_arguments"]
@@ -188,19 +189,28 @@ def _emit_rows(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
     elementwise = not k.reduce_axes and not carries and len(stages) == 1 and not k.epilogue and not k.epilogue_stores
     if elementwise and len(kept) > 1:  # region reads: tested once per row, or the last axis split into segments
         stage, last = stages[0], kept[-1]
+
+        def point(at: int, statements: list) -> None:
+            emit_body(w, k, at, statements)
+            emit_stores(w, k, at, stage.stores)
+
         points = split_points(stage.body, last)
-        if points is not None or 1 < unswitched_loops(stage.body, last) <= MAX_UNSWITCHED_LOOPS:
-            if points is None:
-                emit_unswitched(w, k, depth, stage.body, stage.stores, last, tuple(kept[1:-1]))
-                return
+        if points is not None:
             for a in kept[1:-1]:
                 depth = w.loop(depth, a, f"n{a}")
-
-            def point(at: int, statements: list) -> None:
-                emit_body(w, k, at, statements)
-                emit_stores(w, k, at, stage.stores)
-
             emit_split_loop(w, depth, last, "0", f"n{last}", stage.body, points, point)
+            return
+        if 1 < unswitched_loops(stage.body, last) <= MAX_UNSWITCHED_LOOPS:
+            emit_unswitched(w, k, depth, stage.body, stage.stores, last, tuple(kept[1:-1]))
+            return
+        block = main_block(stage.body, tuple(kept[1:-1]), tuple(k.domain[a] for a in kept[1:-1]))
+        if block is not None:
+            for a in kept[1:-1]:
+                depth = w.loop(depth, a, f"n{a}")
+            test, resolved = block
+            for line, statements in ((f"if {test}:", resolved), ("else:", stage.body)):
+                w.line(depth, line)
+                point(w.loop(depth + 1, last, f"n{last}"), statements)
             return
     for a in kept[1:]:
         depth = w.loop(depth, a, f"n{a}")

@@ -11,7 +11,7 @@ from jitgrad.passes.loops import LoopKernel, Reduction
 from jitgrad.kernels.cpu import carry
 from jitgrad.kernels.common import accumulator_dtype, identity_literal, numba_type
 from jitgrad.kernels.cpu.emit import (BLOCK, CHUNKS, LANES, LoopWriter, emit_accumulate, emit_body, emit_stores,
-                                      emit_zero_rescan, is_blocked, order_dependent, rescans_zero)
+                                      emit_last_zero, is_blocked, order_dependent, rescans_zero)
 from jitgrad.kernels.cpu.split import emit_split_loop, split_points
 
 COLUMN_TILE = 256  # columns a column kernel sums at once (its lane sums: 64 KiB)
@@ -122,9 +122,10 @@ def is_lane_kernel(k: LoopKernel) -> bool:
 
 def emit_lanes(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
     """A lane kernel: per point of the kept axes but the last, one accumulator per column of the last
-    axis; each pass walks the reduced axes in order with the columns innermost (contiguous, vectorised),
-    then a column whose float max/min came out zero is rescanned in numpy's order for the sign of zero,
-    as a row kernel does. The same terms combine exactly, so the same bits as a row kernel."""
+    axis; each pass walks the reduced axes in order with the columns innermost (contiguous, vectorised).
+    A float max/min also keeps, per column, the last term equal to zero (`emit_last_zero`), which is what
+    numpy's sequential rule returns when the result is zero: a ReLU's pooled zeros need no rescan. The
+    same terms combine exactly, so the same bits as a row kernel."""
     kept, reduced = k.kept_axes, k.reduce_axes
     outer, last = kept[:-1], kept[-1]
     depth = w.loop(1, outer[0], f"n{outer[0]}", "prange" if parallel else "range")
@@ -132,6 +133,8 @@ def emit_lanes(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
         for r in stage.reductions:
             w.line(depth, f"{r.acc}_v = np.empty(n{last}, {numba_type(accumulator_dtype(r))})")
             w.line(depth, f"{r.acc}_f = np.empty(n{last}, {numba_type(r.dtype)})")
+            if rescans_zero(r):
+                w.line(depth, f"{r.acc}_z = np.empty(n{last}, {numba_type(accumulator_dtype(r))})")
     for a in outer[1:]:
         depth = w.loop(depth, a, f"n{a}")
     done: list[Reduction] = []
@@ -152,13 +155,14 @@ def emit_lanes(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
         emit_body(w, k, body, stage.body)
         for r in stage.reductions:
             emit_accumulate(w, body, r, f"{r.acc}_v[u{last}]", r.src)
+            if rescans_zero(r):
+                emit_last_zero(w, body, r, f"{r.acc}_z[u{last}]")
         emit_stores(w, k, body, stage.stores)
         column = w.loop(depth, last, f"n{last}")
-        if any(rescans_zero(r) for r in stage.reductions):
-            finished(column)  # a rescan recomputes the terms, which may read earlier passes' results
         for r in stage.reductions:
             w.line(column, f"{r.acc}_ = {r.acc}_v[u{last}]")
-        emit_zero_rescan(w, k, column, stage)
+            if rescans_zero(r):
+                w.line(column, f"{r.acc}_ = {r.acc}_z[u{last}] if {r.acc}_ == 0 else {r.acc}_")
         for r in stage.reductions:
             w.line(column, f"{r.acc}_f[u{last}] = {numba_type(r.dtype)}({r.acc}_)")
         done.extend(stage.reductions)
