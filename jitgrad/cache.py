@@ -6,8 +6,9 @@ read together.
 Layout: `<base>/<version tag>/jitgrad_kernel_<source hash>.py` (the generated source, for people
 and tracebacks) beside `jitgrad_kernel_<source hash>.<function>.<signature hash>.nbk` (machine
 code, one file per compiled signature). A kernel "entry" is every file sharing the
-`jitgrad_kernel_<source hash>` stem; eviction removes whole entries, oldest use first. This module
-knows files only: `jitgrad.kernels.build.compiler` decides what goes into them.
+`jitgrad_kernel_<source hash>` stem; a compiled program is one file, `jitgrad_program_<key hash>.jgp`,
+its own entry. Eviction removes whole entries, oldest use first. This module knows files only:
+`jitgrad.kernels.build.compiler` and `jitgrad.runtime.programs` decide what goes into them.
 
 Machine code is unpickled, so a file is loaded only if its checksum, the key stored inside it and
 its owner say it is this installation's entry for that key, written by this user (or root): the
@@ -29,6 +30,7 @@ from functools import lru_cache
 from typing import NoReturn
 
 ENTRY_PREFIX = "jitgrad_kernel_"
+PROGRAM_PREFIX = "jitgrad_program_"  # a compiled program (`jitgrad.runtime.programs`): one file, its own entry
 DEFAULT_MAX_MB = 512.0
 _MAGIC = b"JGK2"
 _DIGEST_BYTES = 32
@@ -286,6 +288,14 @@ def _reject(path: str, problem: str) -> NoReturn:
     raise EntryRejected(f"{path} {problem}")
 
 
+def touch(path: str) -> None:
+    """Mark an entry file as used now (its modification time orders eviction), where the disk allows."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
 def discard(path: str) -> None:
     """Remove one file, ignoring one that is already gone or cannot be removed."""
     try:
@@ -324,7 +334,7 @@ def scan(folder: str) -> dict[str, Entry]:
     except OSError:
         return entries
     for item in listing:
-        if not item.name.startswith(ENTRY_PREFIX):
+        if not item.name.startswith((ENTRY_PREFIX, PROGRAM_PREFIX)):
             continue
         try:
             st = item.stat(follow_symlinks=False)
@@ -375,6 +385,7 @@ class VersionInfo:
     compiled: int
     size: int
     current: bool
+    programs: int = 0  # compiled programs (`jitgrad.runtime.programs`), counted in `size`, not in `entries`
 
 
 def info() -> dict:
@@ -384,8 +395,9 @@ def info() -> dict:
     for folder in _version_dirs(base):
         entries = scan(folder).values()
         compiled = sum(f.endswith(".nbk") for e in entries for f in e.files)
-        versions.append(VersionInfo(os.path.basename(folder), len(entries), compiled, sum(e.size for e in entries),
-                                    os.path.basename(folder) == version_tag()))
+        programs = sum(e.stem.startswith(PROGRAM_PREFIX) for e in entries)
+        versions.append(VersionInfo(os.path.basename(folder), len(entries) - programs, compiled,
+                                    sum(e.size for e in entries), os.path.basename(folder) == version_tag(), programs))
     return {"location": base, "enabled": enabled(), "current": version_tag(), "max_bytes": max_bytes(),
             "versions": versions, "entries": sum(v.entries for v in versions),
             "size": sum(v.size for v in versions), "refused": _refusal(base)}
@@ -402,14 +414,14 @@ def _refusal(base: str) -> str | None:
 
 
 def clear() -> tuple[int, int]:
-    """Delete every kernel entry under the base directory (only jitgrad's own files, and version
-    directories left empty). Returns (entries removed, bytes freed)."""
+    """Delete every kernel and program entry under the base directory (only jitgrad's own files, and version
+    directories left empty). Returns (kernel entries removed, bytes freed)."""
     removed = freed = 0
     for folder in _version_dirs(base_dir()):
         for entry in scan(folder).values():
             for path in entry.files:
                 discard(path)
-            removed += 1
+            removed += entry.stem.startswith(ENTRY_PREFIX)
             freed += entry.size
         try:
             os.rmdir(folder)

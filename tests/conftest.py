@@ -15,6 +15,9 @@ if _cache_parent:
 TEST_CACHE_DIR = tempfile.mkdtemp(prefix=f"jitgrad-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-",
                                   dir=_cache_parent)
 os.environ["JITGRAD_CACHE_DIR"] = TEST_CACHE_DIR
+# Tests replace passes in memory (monkeypatch), which the disk cache of compiled programs cannot see (its key covers
+# jitgrad's files): off in the test processes; the tests of that cache run child processes with it on.
+os.environ.setdefault("JITGRAD_PROGRAM_CACHE", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

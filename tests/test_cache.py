@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jitgrad import cache
-from jitgrad.kernels.build import compiler
+from jitgrad.kernels.build import compiler, source_keys
 
 # A fresh process computing the core example's value-and-grad and forward; it prints its error
 # against numpy and the compiler's counters. JG_DENY="<errno>:<text>" makes every write to a path
@@ -62,7 +62,8 @@ ref_grads = (e * x64, e * w64 + 1 - np.tanh(x64) ** 2, e)
 errors = [abs(value / ref_value - 1), abs(forward / ref_value - 1)]
 errors += [float(np.max(np.abs(g / r - 1))) for g, r in zip(grads, ref_grads)]
 compiler.wait_for_background_compiles()
-print(json.dumps({"error": max(errors), "stats": compiler.stats()}))
+from jitgrad.runtime import programs
+print(json.dumps({"error": max(errors), "stats": compiler.stats(), "programs": programs.stats()}))
 """
 
 PARALLEL_N = "300000"  # above the parallel threshold: both variants of the 2 kernels, 4 signatures, are cached
@@ -109,8 +110,12 @@ def test_cold_process_compiles_logs_and_writes_entries(populated) -> None:
     assert len(compiled_lines) == 4 and all(l.endswith(" s") for l in compiled_lines), result["stderr"]
     assert "still compiling kernel" in result["stderr"]
     names = files(folder)
-    assert all(name.startswith(cache.version_tag() + os.sep + cache.ENTRY_PREFIX) for name in names), names
+    prefixes = tuple(cache.version_tag() + os.sep + p for p in (cache.ENTRY_PREFIX, cache.PROGRAM_PREFIX))
+    assert all(name.startswith(prefixes) for name in names), names
     assert sum(n.endswith(".py") for n in names) == 2 and sum(n.endswith(".nbk") for n in names) == 4
+    assert sum(n.endswith(".jgc") for n in names) == 2  # each kernel's module code
+    assert sum(n.endswith(".jgp") for n in names) == 2  # the value-and-grad and the call programs
+    assert result["programs"]["program_misses"] == result["programs"]["program_writes"] == 2
 
 
 def test_warm_process_loads_everything_from_disk(populated, tmp_path) -> None:
@@ -121,6 +126,7 @@ def test_warm_process_loads_everything_from_disk(populated, tmp_path) -> None:
     assert stats["builds"] == 0 and stats["disk_hits"] == 4 and stats["disk_writes"] == 0
     assert stats["signatures"] == stats["numba_compiles"] == 4 and stats["disk_rejected"] == 0  # loads are no builds
     assert "compiled kernel" not in result["stderr"]
+    assert result["programs"]["program_hits"] == 2 and result["programs"]["program_misses"] == 0  # nor derived
 
 
 def test_two_processes_compiling_into_one_directory_at_once(tmp_path) -> None:
@@ -292,11 +298,11 @@ def test_key_covers_code_helpers_versions_signature_options_and_cpu(monkeypatch)
 
     plain = "def f(x):\n    return x\n"
     with_helper = "from jitgrad.kernels.cpu.vecmath import vexp\n" + plain
-    assert compiler.helper_modules(with_helper) == ("jitgrad.kernels.cpu.vecmath",)
-    before = compiler.source_key(with_helper)
-    monkeypatch.setitem(compiler._module_digests, "jitgrad.kernels.cpu.vecmath", b"an edited vecmath.py")
-    assert compiler.source_key(with_helper) != before  # editing a helper the kernel inlines changes its key
-    assert compiler.source_key(plain) != compiler.source_key(plain + " ")
+    assert source_keys.helper_modules(with_helper) == ("jitgrad.kernels.cpu.vecmath",)
+    before = source_keys.source_key(with_helper)
+    monkeypatch.setitem(source_keys._module_digests, "jitgrad.kernels.cpu.vecmath", b"an edited vecmath.py")
+    assert source_keys.source_key(with_helper) != before  # editing a helper the kernel inlines changes its key
+    assert source_keys.source_key(plain) != source_keys.source_key(plain + " ")
 
     disk = compiler.DiskCache("/c", "jitgrad_kernel_k", "serial_kernel", {})
     sig = (numba.int64, numba.float32[::1])

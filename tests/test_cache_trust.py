@@ -155,7 +155,7 @@ def test_new_directories_are_private(tmp_path) -> None:
     version = base / cache.version_tag()
     assert stat.S_IMODE(base.stat().st_mode) == 0o700 and stat.S_IMODE(version.stat().st_mode) == 0o700
     modes = {name: mode for name, (_, _, mode, _) in snapshot(base).items()}
-    assert len(modes) == 2 and set(modes.values()) == {0o600}, modes
+    assert len(modes) == 4 and set(modes.values()) == {0o600}, modes  # source, machine and module code, program
 
 
 def _as_root() -> bool:

@@ -14,13 +14,16 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from jitgrad.tracing import capture_paths, trees
+from jitgrad.tracing import trees
 from jitgrad.passes import recipes
-from jitgrad.runtime.arguments import LEAF, STATIC, Arguments, Call, CallSignature, static_key
+from jitgrad.passes.loops import Program
+from jitgrad.runtime import graph_keys, programs
+from jitgrad.runtime.arguments import LEAF, STATIC, Arguments, Call, CallSignature
+from jitgrad.runtime.repeats import _SETTLED, MISS, RepeatCall, _Signal
 from jitgrad.passes.autodiff import SplitGraphs
 from jitgrad.runtime.backends import Backend
 from jitgrad.tracing.captures import Captures
@@ -32,11 +35,8 @@ from jitgrad.tracing.traced import trace_to_graph
 
 DEFAULT_MAX_PLANS = 16
 MAX_REPEATS = 8  # repeat-call entries kept per mode (signatures a loop alternates between)
-_Signal = type("_Signal", (), {"__slots__": ()})  # what a repeat-call entry answers instead of a result:
-MISS = _Signal()  # a call it does not match (the general path runs)
-_STALE = _Signal()  # the plan's captured arrays changed (the plan is dropped, then MISS)
-_SETTLED = _Signal()  # its executable has settled (written into it: `RepeatCall.compile`, then run again)
 log = logging.getLogger("jitgrad.front.api")
+T = TypeVar("T")
 
 
 def max_plans() -> int:
@@ -118,29 +118,43 @@ class Plan:
                     self.executables[key] = found
         return found
 
-    def compile(self, graph: Graph, mode: str) -> Any:
-        """`graph` scheduled and bound to kernels by the backend, named for progress as `mode` of the function."""
-        return self.backend.executable(recipes.schedule(graph), f"{mode} of {self.label}")
+    @functools.cached_property
+    def text(self) -> str | None:
+        """The traced graph as the program cache's key (`graph_keys.describe`; None: it has none)."""
+        return graph_keys.describe(self.graph)
+
+    def program(self, recipe: tuple, derive: Callable[[], T]) -> T:
+        """What `derive()` makes of the traced graph for `recipe`, or what a process stored for the same recipe of
+        the same graph and jitgrad (`jitgrad.runtime.programs`)."""
+        return programs.cached(lambda: self.text, recipe, self.backend.name, derive)
+
+    def compile(self, program: Program, mode: str) -> Any:
+        """`program` bound to kernels by the backend, named for progress as `mode` of the function."""
+        return self.backend.executable(program, f"{mode} of {self.label}")
 
     def call(self) -> Any:
         """The plain call's executable."""
-        return self.built("call", lambda: self.compile(self.graph, "call"))
+        return self.built("call", lambda: self.compile(
+            self.program(("call",), lambda: recipes.schedule(self.graph)), "call"))
 
     def value_and_grad(self, wrt: Sequence[int], has_aux: bool = False) -> Any:
         """The joint value-and-grad executable for the graph inputs `wrt` (with `has_aux`, the outputs after
         the first are computed alongside, undifferentiated)."""
         wrt = tuple(wrt)
-        return self.built(("joint", wrt, has_aux),
-                          lambda: self.compile(recipes.value_and_grad_graph(self.graph, wrt, has_aux),
-                                               "value_and_grad"))
+        return self.built(("joint", wrt, has_aux), lambda: self.compile(self.program(
+            ("value_and_grad", wrt, has_aux),
+            lambda: recipes.schedule(recipes.value_and_grad_graph(self.graph, wrt, has_aux))), "value_and_grad"))
 
     def split(self) -> Split:
         """The forward/backward pair, differentiating every float input."""
+        def derive(wrt: list[int]) -> tuple[SplitGraphs, Program, Program]:
+            graphs = recipes.split_graphs(self.graph, wrt)
+            return graphs, recipes.schedule(graphs.forward), recipes.schedule(graphs.backward)
+
         def build() -> Split:
             wrt = self.all_differentiable()
-            graphs = recipes.split_graphs(self.graph, wrt)
-            return Split(graphs, self.compile(graphs.forward, "forward"), self.compile(graphs.backward, "backward"),
-                         wrt)
+            graphs, forward, backward = self.program(("split", tuple(wrt)), lambda: derive(wrt))
+            return Split(graphs, self.compile(forward, "forward"), self.compile(backward, "backward"), wrt)
         return self.built("split", build)
 
     def kernel_counts(self) -> dict[str, int]:
@@ -322,77 +336,3 @@ class PlanCache:
         while len(self.plans) > limit:
             self.forget(next(iter(self.plans.values())))
         return plan
-
-
-@dataclass
-class RepeatCall:
-    """One mode of a plan (call, value-and-grad) for calls of one signature, as one generated function
-    (`trees.Source`): it checks the arguments' structure, each array's type, shape and dtype, each number's type
-    and each static value, in place of binding, flattening and a key; reads the captured arrays (their guards);
-    runs the executable, its settled steps written out in the same function once it has them
-    (`Executable.steady_source`); and builds the result. `run(args)` returns MISS for arguments it does not match."""
-
-    plan: Plan
-    exe: Any
-    checks: trees.Source  # the argument checks, each leaf left in a variable of `leaves`
-    leaves: list[str]
-    results: Callable[[trees.Source, Callable[[int], str]], str]  # the result's expression from each output's
-    run: Any = None  # the generated function (`compile`)
-
-    @classmethod
-    def build(cls, plan: Plan, call: Call, static_argnums: Sequence[int], exe: Any,
-              results: Callable[[trees.Source, Callable[[int], str]], str]) -> "RepeatCall | None":
-        src = trees.Source(ndarray=np.ndarray, asarray=np.asarray, MISS=MISS, STALE=_STALE, SETTLED=_SETTLED)
-        names = [f"a{i}" for i in range(len(call.args))]
-        src.lines += [f"if len(args) != {len(names)}: return MISS"] + [f"{', '.join(names)}, = args"] * bool(names)
-        avals, leaves = iter(plan.signature.avals), []
-
-        def leaf(src: trees.Source, var: str, x: Any) -> bool:
-            aval, t = next(avals, None), type(x)
-            if aval is None or getattr(x, "dtype", aval.dtype) != aval.dtype:
-                return False
-            dt = src.const(aval.dtype)
-            if t is np.ndarray:
-                src.line(f"if type({var}) is not ndarray or {var}.shape != {tuple(map(int, x.shape))!r} or "
-                         f"({var}.dtype is not {dt} and {var}.dtype != {dt}): return MISS")
-            elif t in (bool, int, float) or isinstance(x, np.generic):
-                bounds = f" or not {-2**63} <= {var} <= {2**63 - 1}" if t is int else ""
-                src.lines += [f"if type({var}) is not {src.const(t)}{bounds}: return MISS",
-                              f"{var} = asarray({var}, {dt})"]
-            else:
-                return False
-            leaves.append(var)
-            return True
-
-        for i, (var, x) in enumerate(zip(names, call.args)):
-            if i in static_argnums:
-                src.line(f"if {var} is not {src.const(x)} and {src.const(static_key)}({var}) != "
-                         f"{src.const(static_key(x))}: return MISS")
-            elif not trees.match_structure(src, var, x, leaf, "MISS"):
-                return None
-        found = MISS if next(avals, None) is not None else \
-            src.function("repeat_inputs", "args", [*src.lines, f"return [{', '.join(leaves)}]"])(call.args)
-        if found is MISS or len(found) != len(call.leaves) or \
-                any(a is not b and not np.array_equal(a, b, equal_nan=True) for a, b in zip(found, call.leaves)):
-            return None  # the generated checks do not see this call as the general path did: not used
-        entry = cls(plan, exe, src, leaves, results)
-        entry.run = entry.compile()
-        return entry
-
-    def compile(self) -> Callable[[tuple], Any]:
-        """The function: the checks, the captured arrays, the executable (written out once it has settled)."""
-        src, inputs, exe = self.checks.copy(), list(self.leaves), self.exe
-        if self.plan.captures:  # read at every call, as `Captures.read` does
-            inputs += capture_paths.read_source(src, self.plan.captures, "STALE")
-        if getattr(exe, "settled", False):
-            lines, names, outs, values = exe.steady_source(inputs)
-            src.names.update(names)  # `k<n>`: apart from the checks' `K<n>`
-            src.lines += lines
-        else:
-            settled = f"if {src.const(exe)}.settled: return SETTLED"  # no reference to this entry: no cycle
-            src.lines += [settled] * hasattr(exe, "settled") + [f"o = {src.const(exe)}([{', '.join(inputs)}])"]
-            outs = [f"o[{k}]" for k in range(len(exe.program.graph.outputs))]
-            values = [f"{o}[()]" for o in outs]
-        zero_d = [o.aval.ndim == 0 for o in exe.program.graph.outputs]
-        src.line(f"return {self.results(src, lambda k: values[k] if zero_d[k] else outs[k])}")
-        return src.function("repeat_call", "args")

@@ -1,11 +1,13 @@
 """Turns generated kernel source into numba dispatchers: once per source text in a process, and
 once per source, signature and CPU on a machine.
 
-A source runs as a module named by its content hash (`source_key`: the text and the jitgrad modules it
-imports, whose code numba compiles into the kernel). Machine code persists through `DiskCache`, numba's
+A source runs as a module named by its content hash (`source_keys.source_key`: the text and the jitgrad modules
+it imports, whose code numba compiles into the kernel), each function's dispatcher made when first asked for.
+Machine code persists through `DiskCache`, numba's
 per-dispatcher cache protocol written over `jitgrad.cache`: one checksummed file per (function, numba
 options, argument types, CPU), renamed into place, holding its full key so a file copied or renamed over
-another is a miss, never another kernel's code. numba's own `cache=True` is not used because its
+another is a miss, never another kernel's code; what the file holds is `entries`' (object code and the names
+it defines; the module's code is an entry too). numba's own `cache=True` is not used because its
 per-function index is read-modified-written without a lock (two processes can drop each other's entries
 or pair an index slot with another signature's code) and a damaged index or data file raises instead of
 recompiling. numba's compile event says which kernels compile and for how long (logger `jitgrad.compile`),
@@ -14,18 +16,15 @@ compiles under its own (a main thread's in a `shield` worker), parallel calls qu
 """
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.util
 import linecache
 import logging
 import os
-import pickle
-import re
 import sys
 import threading
 import time
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,10 +34,10 @@ from numba.core import event as numba_event
 from numba.core.caching import _Cache
 from numba.core.compiler import CompileResult
 from numba.core.runtime import rtsys
-from numba.core.serialize import dumps
 
 from jitgrad import cache
-from jitgrad.kernels.build import background, collector, numba_passes, quick_codegen, shield
+from jitgrad.kernels.build import background, collector, entries, numba_passes, quick_codegen, shield
+from jitgrad.kernels.build.source_keys import source_key
 from jitgrad.logging_setup import configure_from_env
 
 PROGRESS_INTERVAL_S = 5.0  # a compile running longer than this logs "still compiling" at this period
@@ -49,7 +48,6 @@ _lock = threading.RLock()
 _modules: dict[str, "CompiledSource"] = {}
 _builds: dict[int, int] = {}  # thread ident -> machine code compiled for it (`shield.caller`)
 _STATS = {"kernels_loaded": 0, "signatures": 0, "builds": 0, "disk_hits": 0, "disk_writes": 0, "disk_rejected": 0}
-_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import|import[ \t]+([\w.]+))", re.MULTILINE)
 
 
 def _count(key: str) -> None:
@@ -64,63 +62,18 @@ def thread_builds() -> int:
     return _builds.get(threading.get_ident(), 0)
 
 
-# ---------------------------------------------------------------------- keys
+# ---------------------------------------------------------------------- the disk cache numba calls
 
-def _imported_jitgrad_modules(text: str, package: str) -> list[str]:
-    names = []
-    for relative, absolute in _IMPORT.findall(text):
-        name = absolute or relative
-        if name.startswith("."):
-            name = importlib.util.resolve_name(name, package)
-        if name == "jitgrad" or name.startswith("jitgrad."):
-            names.append(name)
-    return names
+_magic_tuples: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
 
 
-_module_digests: dict[str, bytes] = {}
-
-
-def _module_digest(name: str) -> bytes:
-    """SHA-256 of a jitgrad module's file (read once per process)."""
-    found = _module_digests.get(name)
+def _magic_tuple(codegen: Any) -> tuple:
+    """numba's magic tuple of `codegen`'s CPU (LLVM calls, about 0.1 ms), once per code generator."""
+    found = _magic_tuples.get(codegen)
     if found is None:
-        spec = importlib.util.find_spec(name)
-        with open(spec.origin, "rb") as fh:
-            found = _module_digests[name] = hashlib.sha256(fh.read()).digest()
+        found = _magic_tuples[codegen] = codegen.magic_tuple()
     return found
 
-
-def helper_modules(source: str) -> tuple[str, ...]:
-    """The jitgrad modules a kernel source imports, directly or through one another."""
-    return _import_closure(tuple(sorted(set(_imported_jitgrad_modules(source, "")))))
-
-
-@functools.lru_cache(maxsize=None)
-def _import_closure(direct: tuple[str, ...]) -> tuple[str, ...]:
-    seen: set[str] = set()
-    todo = list(direct)
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            with open(spec.origin, encoding="utf-8") as fh:
-                package = name if spec.submodule_search_locations else name.rpartition(".")[0]
-                todo += _imported_jitgrad_modules(fh.read(), package)
-    return tuple(sorted(seen))
-
-
-def source_key(source: str) -> str:
-    """A stable content hash of what a kernel's code depends on: its text and the helper modules'."""
-    h = hashlib.sha256(source.encode())
-    for name in helper_modules(source):
-        h.update(b"\0" + name.encode() + b"\0" + _module_digest(name))
-    return h.hexdigest()[:24]
-
-
-# ---------------------------------------------------------------------- the disk cache numba calls
 
 class DiskCache(_Cache):
     """Machine code of one generated function, one verified file per signature and CPU.
@@ -145,14 +98,14 @@ class DiskCache(_Cache):
     def entry_key(self, sig: Any, codegen: Any) -> str:
         """Everything the machine code for `sig` depends on: the jitgrad, numba and Python versions,
         the kernel's source hash and function, its numba options, the argument types, numba's magic
-        tuple of the CPU (target triple, CPU name, CPU features), numba's OPT and BOUNDSCHECK, and what
-        `numba_passes` and `quick_codegen` change in machine code."""
-        return repr((cache.version_tag(), self._stem, self._options, str(sig), codegen.magic_tuple(), numba_config.OPT,
-                     numba_config.BOUNDSCHECK, numba_passes.cache_tag(), quick_codegen.cache_tag()))
+        tuple of the CPU (target triple, CPU name, CPU features), numba's OPT and BOUNDSCHECK, what
+        `numba_passes` and `quick_codegen` change in machine code, and the form of the entry (`entries`)."""
+        return repr((cache.version_tag(), self._stem, self._options, str(sig), _magic_tuple(codegen), numba_config.OPT,
+                     numba_config.BOUNDSCHECK, numba_passes.cache_tag(), quick_codegen.cache_tag(), entries.FORMAT))
 
-    def entry_path(self, sig: Any, codegen: Any) -> str:
+    def entry_path(self, sig: Any, codegen: Any, key: str | None = None) -> str:
         """The file for `sig` on this CPU, named by a hash of its key (the key itself is inside)."""
-        digest = hashlib.sha256(self.entry_key(sig, codegen).encode()).hexdigest()[:20]
+        digest = hashlib.sha256((key or self.entry_key(sig, codegen)).encode()).hexdigest()[:20]
         return os.path.join(self._folder, f"{self._stem}.{digest}.nbk")
 
     def load_overload(self, sig: Any, target_context: Any) -> CompileResult | None:
@@ -163,7 +116,8 @@ class DiskCache(_Cache):
         start = time.perf_counter()
         rtsys.initialize(target_context)
         codegen = target_context.codegen()
-        path, key = self.entry_path(sig, codegen), self.entry_key(sig, codegen)
+        key = self.entry_key(sig, codegen)
+        path = self.entry_path(sig, codegen, key)
         try:
             payload = cache.read_entry(path, key)
         except cache.EntryRejected:
@@ -172,7 +126,7 @@ class DiskCache(_Cache):
         if payload is None:
             return None
         try:
-            cres = CompileResult._rebuild(target_context, *pickle.loads(payload))
+            cres = entries.rebuild(target_context, payload)
         except Exception as exc:  # a whole entry numba cannot rebuild: recompile rather than fail
             cache_log.warning("cannot load %s (%s: %s); recompiling", path, type(exc).__name__, exc)
             cache.discard(path)
@@ -185,8 +139,8 @@ class DiskCache(_Cache):
     def save_overload(self, sig: Any, cres: CompileResult) -> None:
         if not self._enabled or any(not f.can_cache for f in cres.lifted) or cres.library.has_dynamic_globals:
             return
-        path, key = self.entry_path(sig, cres.codegen), self.entry_key(sig, cres.codegen)
-        if cache.write_entry(path, key, dumps(cres._reduce())):
+        key = self.entry_key(sig, cres.codegen)
+        if cache.write_entry(self.entry_path(sig, cres.codegen, key), key, entries.payload(cres)):
             _count("disk_writes")
             cache.enforce_limit(keep=self._stem.split(".", 1)[0])
 
@@ -346,43 +300,65 @@ class CompiledSource:
         background.scheduler.submit(compile_variant, urgent)
 
 
-def _module(name: str, source: str, path: str | None) -> types.ModuleType:
-    """Run `source` as module `name`; numba's cached environments find their globals through sys.modules."""
-    filename = path or f"<{name}>"
+def _module(name: str, source: str, folder: str | None) -> types.ModuleType:
+    """Run `source` as module `name` (its code from the disk cache in `folder` when stored there:
+    `entries.module_code`); numba's cached environments find their globals through sys.modules."""
+    filename = f"<{name}>" if folder is None else os.path.join(folder, name + ".py")
     module = types.ModuleType(name)
     module.__file__ = filename
-    if path is None:
+    if folder is None:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), module.__dict__)
+    exec(entries.module_code(source, filename, folder, name), module.__dict__)
     sys.modules[name] = module
     return module
 
 
+class _Dispatchers(dict):
+    """A generated module's numba dispatchers by function name, each made when first asked for (a warm process
+    runs one or two of a kernel's three variants; making a dispatcher costs a fifth of a kernel's load)."""
+
+    def __init__(self, module: types.ModuleType, variants: dict[str, dict[str, Any]], folder: str | None):
+        super().__init__()
+        self.module, self.variants, self.folder = module, variants, folder
+
+    def __missing__(self, fname: str) -> Any:
+        with _dispatchers_lock:
+            if fname in self:
+                return dict.__getitem__(self, fname)
+            opts = self.variants[fname]
+            dispatcher = numba.njit(error_model="numpy", **quick_codegen.numba_options(opts))(
+                getattr(self.module, fname))
+            quick_codegen.mark(dispatcher, opts)
+            shield.shield(dispatcher)
+            if self.folder is not None:
+                dispatcher._cache = DiskCache(self.folder, self.module.__name__, fname, opts)
+            self[fname] = dispatcher
+            return dispatcher
+
+
+_dispatchers_lock = threading.Lock()
+_by_source: dict[str, CompiledSource] = {}  # the same modules by source text: a program's repeated kernels
+
+
 def load(source: str, variants: dict[str, dict[str, Any]]) -> CompiledSource:
-    """Compile (lazily) the functions named in `variants` from `source`, with those options (numba's, QUICK's)."""
+    """The module of `source`, its functions named in `variants` compiled (lazily) with those options (numba's,
+    QUICK's): once per source text in a process."""
+    found = _by_source.get(source)
+    if found is not None:
+        return found
     key = source_key(source)
     with _lock:
         found = _modules.get(key)
-        if found is not None:
-            return found
-        name = cache.ENTRY_PREFIX + key
-        folder = cache.directory()
-        path = None if folder is None else os.path.join(folder, name + ".py")
-        if path is not None and not cache.write_source(path, source):
-            folder = path = None
-        module = _module(name, source, path)
-        functions = {}
-        for fname, opts in variants.items():
-            dispatcher = numba.njit(error_model="numpy", **quick_codegen.numba_options(opts))(getattr(module, fname))
-            quick_codegen.mark(dispatcher, opts)
-            shield.shield(dispatcher)
-            if folder is not None:
-                dispatcher._cache = DiskCache(folder, name, fname, opts)
-            functions[fname] = dispatcher
-        compiled = CompiledSource(name, source, functions, variants)
-        _modules[key] = compiled
-        _STATS["kernels_loaded"] += 1
-        return compiled
+        if found is None:
+            name = cache.ENTRY_PREFIX + key
+            folder = cache.directory()
+            if folder is not None and not cache.write_source(os.path.join(folder, name + ".py"), source):
+                folder = None
+            functions = _Dispatchers(_module(name, source, folder), variants, folder)
+            found = _modules[key] = CompiledSource(name, source, functions, variants)
+            _STATS["kernels_loaded"] += 1
+        _by_source[found.source] = found
+        return found
 
 
 def wait_for_background_compiles() -> None:

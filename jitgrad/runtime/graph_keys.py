@@ -1,0 +1,122 @@
+"""What a compiled program is a function of, as text to hash (`jitgrad.runtime.programs` keys its disk cache on it).
+
+A program is what the passes make of a traced graph for one recipe: so it is fixed by the graph (each equation's
+primitive, parameters, operands, results and where it was recorded; the inputs' and literals' types and values),
+the recipe and the code of the passes. `describe` writes a graph as text (variables numbered by first
+appearance, so two traces of the same function read the same), or None where the graph holds something that
+text cannot pin down: a call (a custom Function's holds user code), a primitive that is not one of jitgrad's records,
+or a parameter that is not plain data (numbers, strings, dtypes, arrays, tuples of them). `code_digest` hashes
+every Python file of the installed jitgrad (its kernels folder included), so that any edit to any pass, op
+record or rule is another key.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from jitgrad.ir.graph import Graph, Literal, Var
+from jitgrad.ir.primitive import PRIMITIVES, Kind
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+# jitgrad's own records, declared by jitgrad.ops before this module is imported: their rules are in code_digest.
+# A primitive declared later (by code outside jitgrad) has rules the digest does not cover, so it gets no key.
+_BUILTIN = frozenset(id(p) for p in PRIMITIVES.values())
+
+
+class Undescribed(Exception):
+    """The graph holds something its text would not pin down: it gets no key."""
+
+
+def _param(v: Any) -> Any:
+    """A parameter value as nested tuples of strings, its type named at every level (1, 1.0 and True differ)."""
+    t = type(v)
+    if t in _PLAIN:
+        return (t.__name__, repr(v))
+    if t in (tuple, list):
+        return (t.__name__, *map(_param, v))
+    if t is dict:
+        return ("dict", *sorted((repr(_param(k)), _param(x)) for k, x in v.items()))
+    if t in (set, frozenset):
+        return (t.__name__, *sorted(repr(_param(x)) for x in v))
+    if t is slice:
+        return ("slice", _param(v.start), _param(v.stop), _param(v.step))
+    if v is Ellipsis:
+        return ("...",)
+    if isinstance(v, np.dtype):
+        return ("dtype", _dtype(v))
+    if isinstance(v, type) and issubclass(v, np.generic):
+        return ("scalar type", v.__module__, v.__qualname__, np.dtype(v).str)
+    if isinstance(v, np.generic):
+        return ("scalar", v.dtype.str, v.tobytes().hex())
+    if t is np.ndarray:
+        return _array(v)
+    raise Undescribed(f"a parameter of type {t.__module__}.{t.__qualname__}")
+
+
+def _dtype(d: np.dtype) -> str:
+    """A dtype's byte order, kind and size, and a structured one's fields (numpy's repr of one takes 40 us)."""
+    return d.str if d.names is None else f"{d.str}{d.descr!r}"
+
+
+def _array(a: np.ndarray) -> tuple:
+    return ("array", _dtype(a.dtype), a.shape, hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
+
+
+def _aval(a: Any) -> tuple:
+    return (a.shape, _dtype(a.dtype), a.weak)
+
+
+def describe(graph: Graph) -> str | None:
+    """`graph` as text that two graphs share only when they are the same program's input; None when it holds
+    a primitive that is not one of jitgrad's records, a CALL equation or a parameter that is not plain data."""
+    numbers: dict[Var, int] = {}
+
+    def atom(a: Any) -> Any:
+        if isinstance(a, Literal):
+            return ("literal", _aval(a.aval), _array(a.value))
+        if a not in numbers:
+            raise Undescribed("a variable read before it is defined")
+        return numbers[a]
+
+    def define(v: Var) -> tuple:
+        numbers[v] = len(numbers)
+        return _aval(v.aval)
+
+    try:
+        parts: list[Any] = [("inputs", *map(define, graph.inputs)), ("names", *graph.input_names)]
+        for e in graph.eqns:
+            if e.prim.kind is Kind.CALL or id(e.prim) not in _BUILTIN:
+                raise Undescribed(f"primitive {e.prim!r}")
+            source = None if e.source is None else (e.source.filename, e.source.lineno, e.source.line)
+            parts.append((e.prim.name, tuple(sorted((k, _param(v)) for k, v in e.params.items())),
+                          tuple(map(atom, e.inputs)), tuple(map(define, e.outs)), e.label, source))
+        parts.append(("outputs", *map(atom, graph.outputs)))
+    except Undescribed:
+        return None
+    return repr(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def code_digest() -> str:
+    """SHA-256 of every Python file of the installed jitgrad and its kernels folder (by path within them)."""
+    import jitgrad
+    import jitgrad.kernels
+
+    roots = {os.path.dirname(os.path.abspath(m.__file__)) for m in (jitgrad, jitgrad.kernels)}
+    files: dict[str, str] = {}
+    for root in sorted(roots):
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in names:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    files.setdefault(os.path.realpath(path), os.path.relpath(path, os.path.dirname(root)))
+    h = hashlib.sha256()
+    for real, shown in sorted(files.items(), key=lambda item: item[1]):
+        with open(real, "rb") as fh:
+            h.update(shown.encode() + b"\0" + hashlib.sha256(fh.read()).digest())
+    return h.hexdigest()
