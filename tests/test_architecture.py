@@ -244,7 +244,7 @@ def test_choosing_a_backend_is_a_registry_lookup() -> None:
                 for c in [n.left, *n.comparators] if isinstance(c, ast.Constant) and isinstance(c.value, str)]
     assert compared == [], "backends compares device names with strings"
     members = {m for m in vars(backends.Backend) if not m.startswith("_")} | set(backends.Backend.__annotations__)
-    assert {"name", "on_host", "device_aval", "executable", "inputs", "result", "cotangent", "stats"} <= members
+    assert {"name", "on_host", "repeat_calls", "device_aval", "executable", "inputs", "result", "cotangent", "stats"} <= members
     loaded = 0
     for device in backends.REGISTRY:
         try:
@@ -273,7 +273,7 @@ class _ReferenceExecutable:
 class ReferenceBackend:
     """A third backend, numba-free: the whole of what one needs besides its registry line."""
 
-    name, title, on_host = "reference", "reference", True
+    name, title, on_host, repeat_calls = "reference", "reference", True, False
 
     @staticmethod
     def device_aval(x):

@@ -36,6 +36,8 @@ class Backend(Protocol):
     name: ClassVar[str]  # the device name it is registered under
     title: ClassVar[str]  # how messages name it ("a <title> device array")
     on_host: ClassVar[bool]  # runs on numpy arrays (torch CPU tensors in, tensors out); False: device arrays
+    repeat_calls: ClassVar[bool]  # its executables take a call's numpy arrays as they are and give outputs
+    # that need only numpy's 0-d-to-scalar rule: repeat calls may skip `inputs`/`result` (runtime.repeats)
 
     @staticmethod
     def device_aval(x: Any) -> Aval | None:

@@ -211,9 +211,10 @@ class PlanCache:
 
     def remember(self, key: Any, call: Call, plan: Plan, exe: Any, results: Callable[..., str]) -> None:
         """Make later calls of `key` with arguments of this call's signature run `exe` through one `RepeatCall`,
-        whose result `results` writes; not for tensors, other backends, arguments it cannot check (objects)."""
+        whose result `results` writes; not for tensors, backends without `repeat_calls`, arguments it cannot
+        check (objects)."""
         try:
-            if call.tensors or self.backend.name != "cpu" or key in plan.repeat_tried:
+            if call.tensors or not self.backend.repeat_calls or key in plan.repeat_tried:
                 return
             plan.repeat_tried.add(key)
             entry = RepeatCall.build(plan, call, self.arguments.static_argnums, exe, results)

@@ -18,6 +18,7 @@ class CpuBackend:
     name = "cpu"
     title = "CPU"
     on_host = True
+    repeat_calls = True
 
     @staticmethod
     def device_aval(x: Any) -> Aval | None:

@@ -20,6 +20,7 @@ class CudaBackend:
     name = "cuda"
     title = "CUDA"
     on_host = False
+    repeat_calls = False
 
     def __init__(self) -> None:
         self.runtime = runtime()
