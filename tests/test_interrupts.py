@@ -25,6 +25,9 @@ SCRIPT = textwrap.dedent("""
     from jitgrad.passes import recipes
     from jitgrad.kernels.build import background, collector, compiler, numba_passes, helper, quick_codegen
     POINT = sys.argv[1]
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, even where the parent left SIGINT ignored (a child
+    # inherits that, and `_thread.interrupt_main` then does nothing)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     armed, compiling = [True], [False]
 
     def interrupt_once():
