@@ -18,6 +18,9 @@ os.environ["JITGRAD_CACHE_DIR"] = TEST_CACHE_DIR
 # Tests replace passes in memory (monkeypatch), which the disk cache of compiled programs cannot see (its key covers
 # jitgrad's files): off in the test processes; the tests of that cache run child processes with it on.
 os.environ.setdefault("JITGRAD_PROGRAM_CACHE", "0")
+# The suite tests the compiled kernels from each program's first call on (and counts their compiles); the numpy
+# first call, jitgrad's default, has tests of its own (tests/test_first_call.py) that set it.
+os.environ.setdefault("JITGRAD_FIRST_CALL", "compiled")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -1,5 +1,6 @@
 """The numpy first call (kernels/cpu/first_call.py): a new executable's first call runs the graph on numpy while
-its kernels compile; the second waits for them and every later call runs them. Each test gets an empty
+its kernels compile (the default; the rest of the suite runs with JITGRAD_FIRST_CALL=compiled, tests/conftest.py);
+the second waits for them and every later call runs them. Each test gets an empty
 kernel cache of its own, so that the kernels are not on disk already (a warm first call runs compiled)."""
 import os
 import subprocess
@@ -136,3 +137,42 @@ def test_a_child_forked_after_a_numpy_first_call_compiles_its_own(tmp_path) -> N
     proc = subprocess.run([sys.executable, "-c", FORK_CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["0", "True"]
+
+
+def test_the_default_is_numpy_and_gradcheck_runs_the_kernels(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("JITGRAD_FIRST_CALL")
+    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path))
+    assert first_call.mode() == "numpy"
+    with first_call.compiled_only():
+        assert first_call.mode() == "compiled"
+    assert first_call.mode() == "numpy"
+    f = jg.trace(lambda w, x: np.sum(np.sinh(w * x) * np.arctan(x)))
+    before = f.cache_info()["numpy_calls"]
+    w, x = np.linspace(-1, 1, 40), np.linspace(0.5, 2, 40)
+    assert jg.gradcheck(f, (w, x))
+    assert f.cache_info()["numpy_calls"] == before  # every call of the check ran the kernels
+    g = jg.trace(lambda w, x: np.sum(np.cosh(w) * x * x))
+    g.value_and_grad(w, x)
+    assert g.cache_info()["numpy_calls"] == before + 1  # cache_info shows the tier a call used
+    compiler.wait_for_background_compiles()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_each_function_on_the_numpy_first_call_is_within_its_bound_of_the_kernels(numpy_first, dtype) -> None:
+    """docs/ops.md's ulp bounds hold between the two tiers: the first call (numpy's references) against the
+    second (the kernels), over test_ulp_sweep's values. The outputs are in an order of this test's own, so that no
+    other test in the process has compiled this kernel (a built kernel would run the first call compiled)."""
+    import test_ulp_sweep as sweep
+    x = sweep.sweep_values(dtype)
+    ops = {**sweep.UNARY, **{name: f for name, (f, _) in sweep.WIDE.items()}}
+    f = jg.trace(lambda a: {name: ops[name](a) for name in reversed(list(ops))})
+    before = first_call.STATS["numpy_calls"]
+    first = f(x)
+    second = f(x)
+    assert first_call.STATS["numpy_calls"] == before + 1
+    found = []
+    for name in ops:
+        assert first[name].dtype == second[name].dtype  # float_power is float64 from float32, as numpy
+        found += sweep.failures(name, dtype, (x,), first[name], second[name])
+    assert not found, "\n".join(found)

@@ -311,7 +311,8 @@ class Traced:
         """Counters, to see what a call traced and compiled. Per function: `hits` and `misses` of its plan cache
         (a miss traces) and `entries`, the plans it holds. Per process, shared by every traced function (kernels
         are shared): `kernels`, kernel sources held; `compiles`, machine code numba built; `disk_loads`, machine
-        code loaded from the disk cache instead (a warm process: compiles 0). A device backend's for its device."""
+        code loaded from the disk cache instead (a warm process: compiles 0); `numpy_calls`, first calls run on numpy while
+        their kernels compiled (the first-call tier; JITGRAD_FIRST_CALL). A device backend's for its device."""
         return {**self.plans.info(), **self.backend.stats()}
 
 

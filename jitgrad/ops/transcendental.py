@@ -63,10 +63,12 @@ def _erf_impl(x: Any) -> np.ndarray:
 
 
 def _logistic_impl(x: Any) -> Any:
-    """1 / (1 + exp(-x)) without overflow: exp is only ever taken of -|x|."""
+    """1 / (1 + exp(-x)) without overflow (exp is only ever taken of -|x|); a narrower float is evaluated in
+    float64 and rounded once, so the reference is within 1 ulp of the exact result (the first call's numbers)."""
     x = np.asarray(x)
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+    wide = x.astype(np.float64) if x.dtype.itemsize < 8 else x
+    e = np.exp(-np.abs(wide))
+    return np.where(wide >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
 
 
 erf_p = E("erf", _erf_impl, lambda g, x, out: L.mul(g, L.mul(L.exp(L.neg(L.mul(x, x))), 2.0 / math.sqrt(math.pi))),

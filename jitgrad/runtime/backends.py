@@ -10,10 +10,11 @@ one, and a backend whose folder is missing makes its device "not available" and 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Protocol, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Protocol, Sequence
 
 from jitgrad.errors import UnsupportedError
 from jitgrad.ir.graph import Aval
+from jitgrad.kernels.cpu import first_call
 from jitgrad.kernels.cpu.backend import CpuBackend
 from jitgrad.passes.loops import Program
 
@@ -56,7 +57,8 @@ class Backend(Protocol):
         """Cotangent `k` of `fname`'s outputs (`aval`'s dtype) as the backward executable's input."""
 
     def stats(self) -> dict[str, int]:
-        """Process-wide counters: `kernels` (sources held), `compiles`, `disk_loads`."""
+        """Process-wide counters: `kernels` (sources held), `compiles`, `disk_loads`, `numpy_calls` (calls run by
+        numpy while their kernels compiled)."""
 
 
 def _cuda() -> type[Backend]:
@@ -105,3 +107,9 @@ def device_array(x: Any) -> tuple[type[Backend], Aval] | None:
         if aval is not None:
             return kind, aval
     return None
+
+
+def compiled_first_calls() -> ContextManager[None]:
+    """A block in which every first call runs the compiled kernels (the CPU's numpy first call off, as with
+    JITGRAD_FIRST_CALL=compiled): for procedures that compare calls in their last bits (`jg.gradcheck`)."""
+    return first_call.compiled_only()

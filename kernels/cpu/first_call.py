@@ -1,23 +1,26 @@
-"""A new CPU executable's first call run by numpy while its kernels compile, with JITGRAD_FIRST_CALL=numpy.
+"""A new CPU executable's first call run by numpy while its kernels compile (the default; JITGRAD_FIRST_CALL).
 
 Compiling a program's kernels takes seconds (numba's typing and LLVM, 0.3-1.4 s a kernel); tracing and
-fusing it takes a tenth of that. With JITGRAD_FIRST_CALL=numpy, where some kernel is neither compiled in
-this process nor on disk, the first call starts compiling them all in the background
-(`kernels.build.background`, with the compile helper process taking the largest), runs the optimised
-graph through the primitives' numpy references (`interpreter`), and returns. The second call waits for
-those compiles, and it and every later call run the compiled kernels. Which call runs where is a fixed
-rule, never timing. The first call's numbers are numpy's, which differ from the kernels' in the last
-bits (jg.sigmoid's reference is 3 ulp off in float32, where the kernel's bound is 2), so a procedure
-that compares the first call with later ones (a finite difference, an equality test) sees a step;
-hence it is not the default (`compiled`: every call runs the kernels). A graph doing more than
-MAX_ELEMENTS elements of work, where numpy's temporaries would cost more than compiling, compiles first.
+fusing it takes a tenth of that. Where some kernel is neither compiled in this process nor on disk, the
+first call starts compiling them all in the background (`kernels.build.background`, with the compile
+helper process taking the largest), runs the optimised graph through the primitives' numpy references
+(`interpreter`), and returns. The second call waits for those compiles, and it and every later call run
+the compiled kernels. Which call runs where is a fixed rule, never timing. The first call's numbers are
+numpy's, within the documented ulp bounds of the kernels' (docs/ops.md; a sum's association order
+differs), so a procedure comparing the first call with later ones in the last bits sees a step:
+JITGRAD_FIRST_CALL=compiled runs every call on the kernels, and `jg.gradcheck` always does
+(`compiled_only`, handed out by `jitgrad.runtime.backends.compiled_first_calls`). A graph doing more
+than MAX_ELEMENTS elements of work, where numpy's temporaries would cost more than compiling,
+compiles first.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -30,15 +33,28 @@ ENV = "JITGRAD_FIRST_CALL"
 MODES = ("numpy", "compiled")
 MAX_ELEMENTS = 1 << 25  # elements written by all of a graph's equations together (one float32 pass: ~10 ms)
 log = logging.getLogger("jitgrad.compile")
-STATS = {"numpy_calls": 0}  # first calls run on numpy (tests count them)
+STATS = {"numpy_calls": 0}  # first calls run on numpy (`cache_info()["numpy_calls"]`)
+_compiled_only: contextvars.ContextVar[bool] = contextvars.ContextVar("jitgrad_compiled_only", default=False)
 
 
 def mode() -> str:
-    """JITGRAD_FIRST_CALL: `compiled` (the default) or `numpy`; another value is refused, never ignored."""
-    chosen = os.environ.get(ENV, "compiled").strip().lower() or "compiled"
+    """`compiled` inside `compiled_only`, else JITGRAD_FIRST_CALL: `numpy` (the default) or `compiled`; another
+    value is refused, never ignored."""
+    chosen = os.environ.get(ENV, "numpy").strip().lower() or "numpy"
     if chosen not in MODES:
         raise ValueError(f"{ENV}={chosen!r}; expected one of {', '.join(MODES)}")
-    return chosen
+    return "compiled" if _compiled_only.get() else chosen
+
+
+@contextlib.contextmanager
+def compiled_only() -> Iterator[None]:
+    """Every first call in this block (this thread or task) runs the compiled kernels: for procedures that
+    compare calls in their last bits (`jg.gradcheck`'s finite differences)."""
+    token = _compiled_only.set(True)
+    try:
+        yield
+    finally:
+        _compiled_only.reset(token)
 
 
 def work(graph: Graph) -> int:
