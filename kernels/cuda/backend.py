@@ -71,4 +71,7 @@ def runtime() -> Any:
     except ImportError as exc:
         raise UnsupportedError(f"device='cuda' needs numba's CUDA target (pip install 'jitgrad[cuda]'): "
                                f"{exc}") from None
+    except RuntimeError as exc:  # numba-cuda loads the CUDA runtime library on import (cuda.pathfinder's error)
+        raise UnsupportedError(f"device='cuda' needs the CUDA runtime library, which numba's CUDA target could not "
+                               f"load (pip install 'jitgrad[cuda]'): {str(exc).splitlines()[0]}") from None
     return executor
