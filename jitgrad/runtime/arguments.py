@@ -327,13 +327,24 @@ def _fast_key(x: Any, leaves: list[Any]) -> Any:
         leaves.append(x)
         return t
     if t is dict:
-        keys = sorted(x)
-        return (dict, tuple(x), tuple(_fast_key(x[k], leaves) for k in keys))
+        return (dict, tuple(x), _items_key([x[k] for k in sorted(x)], leaves))
     if t is list or t is tuple:
-        return (t, tuple(_fast_key(v, leaves) for v in x))
+        return (t, _items_key(x, leaves))
     if x is None:
         return None
     raise _Unusual
+
+
+def _items_key(items: Sequence[Any], leaves: list[Any]) -> tuple:
+    """`_fast_key` of each item in turn, an array's written out (the common item: no call per leaf)."""
+    parts = []
+    for v in items:
+        if type(v) is np.ndarray:
+            leaves.append(v)
+            parts.append((v.shape, v.dtype))
+        else:
+            parts.append(_fast_key(v, leaves))
+    return tuple(parts)
 
 
 def _leaf_key(x: Any) -> Any:

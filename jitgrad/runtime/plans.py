@@ -79,15 +79,22 @@ class Plan:
     executables: dict[Any, Any] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)  # value-and-grad nests builds
     repeat_tried: set = field(default_factory=set)  # modes `PlanCache.remember` was asked for (done once each)
+    wrt_of: dict = field(default_factory=dict)  # `differentiable`'s answers, by argnums
 
     @functools.cached_property
     def leaf_ranges(self) -> list[range]:
         """Per argument, the graph inputs holding its leaves (none for a static argument)."""
         return self.signature.leaf_ranges()
 
-    def differentiable(self, argnums: Sequence[int]) -> list[int]:
-        """Graph input positions of the float leaves of the arguments `argnums`."""
-        return [k for i in argnums for k in self.leaf_ranges[i] if self.signature.avals[k].is_float]
+    def differentiable(self, argnums: Sequence[int]) -> tuple[int, ...]:
+        """Graph input positions of the float leaves of the arguments `argnums` (kept per `argnums`: calls ask
+        again and again)."""
+        key = tuple(argnums)
+        found = self.wrt_of.get(key)
+        if found is None:
+            found = self.wrt_of[key] = tuple(k for i in key for k in self.leaf_ranges[i]
+                                             if self.signature.avals[k].is_float)
+        return found
 
     def all_differentiable(self) -> list[int]:
         """Graph input positions of every float leaf."""

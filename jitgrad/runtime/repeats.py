@@ -48,8 +48,7 @@ class RepeatCall:
                 return False
             dt = src.const(aval.dtype)
             if t is np.ndarray:
-                src.line(f"if type({var}) is not ndarray or {var}.shape != {tuple(map(int, x.shape))!r} or "
-                         f"({var}.dtype is not {dt} and {var}.dtype != {dt}): return MISS")
+                src.line(f"if {trees.array_test(var, x.shape, dt)}: return MISS")
             elif t in (bool, int, float) or isinstance(x, np.generic):
                 bounds = f" or not {-2**63} <= {var} <= {2**63 - 1}" if t is int else ""
                 src.lines += [f"if type({var}) is not {src.const(t)}{bounds}: return MISS",

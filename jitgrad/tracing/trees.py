@@ -10,6 +10,7 @@ interfere).
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import operator
 from typing import Any, Callable, Sequence
 
@@ -21,6 +22,7 @@ from jitgrad.tracing.tracer import Tracer
 
 NAMESPACE = "jitgrad"
 TreeDef = optree.PyTreeSpec
+DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}  # each `register_dataclass` class: its fields, its children's order
 
 
 def tree_flatten(tree: Any) -> tuple[list[Any], TreeDef]:
@@ -66,7 +68,9 @@ def register_dataclass(cls: type) -> type:
     def unflatten(field_names: tuple[str, ...], children: Sequence[Any]) -> Any:
         return cls(**dict(zip(field_names, children)))
 
-    return register_pytree_node(cls, flatten, unflatten)
+    register_pytree_node(cls, flatten, unflatten)
+    DATACLASS_FIELDS[cls] = names
+    return cls
 
 
 def flatten_output(result: Any) -> tuple[list[Any], TreeDef]:
@@ -136,11 +140,24 @@ class Source:
         return fn
 
 
+def array_test(var: str, shape: tuple[int, ...], dtype: str) -> str:
+    """The condition, for generated code, that `var` is not an ndarray of this shape and of the dtype named `dtype`.
+    A 0-d or 1-d shape is tested by `ndim` and `len`: reading `.shape` builds a new tuple, twice their cost."""
+    if len(shape) == 0:
+        dims = f"{var}.ndim != 0"
+    elif len(shape) == 1:
+        dims = f"{var}.ndim != 1 or len({var}) != {int(shape[0])}"
+    else:
+        dims = f"{var}.shape != {tuple(map(int, shape))!r}"
+    return f"type({var}) is not ndarray or {dims} or ({var}.dtype is not {dtype} and {var}.dtype != {dtype})"
+
+
 def match_structure(src: Source, var: str, x: Any, leaf: Callable[[Source, str, Any], bool], miss: str) -> bool:
     """Write the checks that the value in `var` has `x`'s structure, `return {miss}` when it has not, and for
     each leaf (in `tree_flatten`'s order) what `leaf(src, variable, example leaf)` writes. Plain dicts, lists,
-    tuples and None are checked in place; other nodes (namedtuples, registered classes) by `tree_flatten` and
-    their structure. False (and nothing usable written) where a leaf callback refuses its leaf."""
+    tuples, None and `register_dataclass` classes are checked in place; other nodes (namedtuples, registered
+    classes) by `tree_flatten` and their structure. False (and nothing usable written) where a leaf callback
+    refuses its leaf."""
     t = type(x)
     if t is dict:
         try:
@@ -148,30 +165,35 @@ def match_structure(src: Source, var: str, x: Any, leaf: Callable[[Source, str, 
         except TypeError:  # keys that do not sort: optree keeps their order, `tree_flatten` says it
             return _match_flattened(src, var, x, leaf, miss)
         src.line(f"if type({var}) is not dict or len({var}) != {len(keys)}: return {miss}")
-        return _match_items(src, [x[k] for k in keys], leaf, miss, f"{src.const(operator.itemgetter(*keys))}({var})"
-                            if keys else "", guarded=True)
+        return _match_items(src, [x[k] for k in keys], leaf, miss,
+                            f"{src.const(operator.itemgetter(*keys))}({var})" if keys else "", missing="KeyError")
     if t is list or t is tuple:
         src.line(f"if type({var}) is not {t.__name__} or len({var}) != {len(x)}: return {miss}")
-        return _match_items(src, list(x), leaf, miss, var, guarded=False)
+        return _match_items(src, list(x), leaf, miss, var, one_is_bare=False)
     if x is None:
         src.line(f"if {var} is not None: return {miss}")
         return True
+    fields = DATACLASS_FIELDS.get(t)
+    if fields is not None:  # its flatten's children, read as it reads them (an exact type: optree's registry is)
+        src.line(f"if type({var}) is not {src.const(t)}: return {miss}")
+        return _match_items(src, [getattr(x, n) for n in fields], leaf, miss,
+                            f"{src.const(operator.attrgetter(*fields))}({var})" if fields else "")
     if tree_structure(x).is_leaf():
         return leaf(src, var, x)
     return _match_flattened(src, var, x, leaf, miss)
 
 
 def _match_items(src: Source, items: list, leaf: Callable[[Source, str, Any], bool], miss: str, unpack: str,
-                 guarded: bool) -> bool:
-    """Unpack `items` (a dict's values by an itemgetter, `guarded` against a missing key; a sequence's) and
-    match each."""
+                 missing: str | None = None, one_is_bare: bool = True) -> bool:
+    """Unpack `items` (a dict's values by an itemgetter, `missing` its KeyError; a dataclass's fields by an
+    attrgetter; a sequence's), where `one_is_bare`: one item is the getter's value itself; and match each."""
     names = [src.fresh() for _ in items]
     if names:
-        target = names[0] if guarded and len(names) == 1 else ", ".join(names) + ","
-        if guarded:
+        target = names[0] if one_is_bare and len(names) == 1 else ", ".join(names) + ","
+        if missing:
             src.line("try:")
             src.line(f"    {target} = {unpack}")
-            src.line(f"except KeyError: return {miss}")
+            src.line(f"except {missing}: return {miss}")
         else:
             src.line(f"{target} = {unpack}")
     return all(match_structure(src, n, item, leaf, miss) for n, item in zip(names, items))
@@ -189,16 +211,30 @@ def _match_flattened(src: Source, var: str, x: Any, leaf: Callable[[Source, str,
 
 
 def expression(src: Source, treedef: TreeDef, leaves: Sequence[str]) -> str:
-    """The expression building `treedef`'s tree from leaf expressions: a tuple, list or dict display for a flat
-    one of those (as `tree_unflatten` builds it, dict keys in its order), else a call of `tree_unflatten`."""
+    """The expression building `treedef`'s tree from leaf expressions, as `tree_unflatten` builds it: displays for
+    tuples, lists, dicts (keys in its order) and None, a keyword call for a `register_dataclass` class (its
+    `unflatten`), nested; a call of `tree_unflatten` for any other node (namedtuples, registered classes)."""
     if treedef.is_leaf():
         return leaves[0]
-    template = tree_unflatten(treedef, list(range(len(leaves))))
-    kind = type(template)
-    items = template.values() if kind is dict else template if kind in (tuple, list) else [None]
-    if all(type(v) is int for v in items):
-        if kind is dict:
-            return "{" + ", ".join(f"{src.const(k)}: {leaves[v]}" for k, v in template.items()) + "}"
-        body = ", ".join(leaves[v] for v in template) + ("," if len(template) else "")
-        return f"({body})" if kind is tuple else f"[{body}]"
-    return f"{src.const(tree_unflatten)}({src.const(treedef)}, [{', '.join(leaves)}])"
+    kind, node = treedef.kind, treedef.type
+    fields = DATACLASS_FIELDS.get(node) if kind == optree.PyTreeKind.CUSTOM else None
+    named = fields is not None and all(n.isidentifier() and not keyword.iskeyword(n) for n in fields)
+    if kind not in _DISPLAYED and not named:
+        return f"{src.const(tree_unflatten)}({src.const(treedef)}, [{', '.join(leaves)}])"
+    children, start = [], 0
+    for child in treedef.children():
+        children.append(expression(src, child, leaves[start:start + child.num_leaves]))
+        start += child.num_leaves
+    if kind == optree.PyTreeKind.NONE:
+        return "None"
+    if kind == optree.PyTreeKind.DICT:  # children in sorted key order; the dict in its own (the one-level template's)
+        position = tree_unflatten(treedef.one_level(), range(len(children)))
+        return "{" + ", ".join(f"{src.const(k)}: {children[i]}" for k, i in position.items()) + "}"
+    if kind == optree.PyTreeKind.LIST:
+        return f"[{', '.join(children)}]"
+    if kind == optree.PyTreeKind.TUPLE:
+        return f"({', '.join(children)}{',' * bool(children)})"
+    return f"{src.const(node)}({', '.join(f'{n}={c}' for n, c in zip(fields, children))})"
+
+
+_DISPLAYED = (optree.PyTreeKind.NONE, optree.PyTreeKind.DICT, optree.PyTreeKind.LIST, optree.PyTreeKind.TUPLE)
