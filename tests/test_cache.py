@@ -74,7 +74,8 @@ def run_child(folder, n=PARALLEL_N, wait=True, **env):
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("JITGRAD_", "JG_"))}
     # The child counts the builds it makes itself, and its simulated failures (JG_DENY) are patched into it
     # alone: a compile helper it started would build some kernels and write where the child may not.
-    environ.update({"JITGRAD_CACHE_DIR": str(folder), "JG_N": n, "JITGRAD_COMPILE_HELPER": "0"}, **env)
+    environ.update({"JITGRAD_CACHE_DIR": str(folder), "JG_N": n, "JITGRAD_COMPILE_HELPER": "0",
+                    "JITGRAD_FIRST_CALL": "compiled"}, **env)  # the kernels' cache is under test from the first call
     proc = subprocess.Popen([sys.executable, "-c", CHILD], env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     return finish(proc) if wait else proc
