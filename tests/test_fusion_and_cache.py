@@ -106,7 +106,7 @@ def test_residuals_survive_later_calls() -> None:
 
 
 def test_variant_chooser_times_both_variants_then_keeps_the_faster() -> None:
-    from jitgrad.kernels.cpu.executor import VariantChooser
+    from jitgrad.kernels.cpu.variants import VariantChooser
 
     assert VariantChooser(10).next() == "serial_kernel"  # small domains never pay for threads
     chooser = VariantChooser(1 << 30)
@@ -130,7 +130,7 @@ def _time_until_chosen(chooser, seconds: dict[str, float]) -> list[str]:
 
 
 def test_variant_chooser_re_times_both_variants_when_the_load_changes() -> None:
-    from jitgrad.kernels.cpu.executor import VariantChooser
+    from jitgrad.kernels.cpu.variants import VariantChooser
 
     chooser = VariantChooser(1 << 30)
     _time_until_chosen(chooser, {"parallel_kernel": 0.5, "serial_kernel": 0.1})  # a busy machine

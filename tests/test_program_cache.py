@@ -20,7 +20,7 @@ from jitgrad.runtime import graph_keys, programs
 # A tanh-RNN with gates split from one product, unrolled over T = 3, value-and-grad, call and forward/backward;
 # JG_SCALE is a constant of the graph, JG_ARGNUMS the arguments differentiated. The child prints a digest of
 # every result's bytes, the counters, how many kernel sources it compiled with Python's `compile` (its module
-# code not loaded from disk), whether its kernels' libraries were loaded without their bitcode yet still link,
+# code not loaded from disk) and wrote from loop nests (not stored with a loaded program), whether its kernels' libraries were loaded without their bitcode yet still link,
 # and the error against float64 numpy.
 CHILD = r"""
 import hashlib, json, os, sys
@@ -29,8 +29,12 @@ import jitgrad as jg
 from jitgrad.kernels.build import compiler, entries
 from jitgrad.runtime import programs
 
+from jitgrad.kernels.cpu import codegen
 compiled_sources = []
 entries.compile = lambda source, filename, mode: (compiled_sources.append(filename), compile(source, filename, mode))[1]
+written = []  # kernel sources written from loop nests (a loaded program's come with it)
+generate = codegen.module_source
+codegen.module_source = lambda kernel: (written.append(1), generate(kernel))[1]
 SCALE = float(os.environ.get("JG_SCALE", "0.5"))
 ARGNUMS = tuple(int(a) for a in os.environ.get("JG_ARGNUMS", "1,2,3").split(","))
 
@@ -71,6 +75,7 @@ args64 = [a.astype(np.float64) for a in args]
 error = abs(float(fn(*args64)) / float(value) - 1)
 print(json.dumps({"digest": hashlib.sha256(b"".join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest(),
                   "stats": compiler.stats(), "programs": programs.stats(), "compiled_sources": len(compiled_sources),
+                  "written_sources": len(written),
                   "loaded_libraries": len(loaded), "linkable": linkable, "error": error}))
 """
 
@@ -78,7 +83,7 @@ print(json.dumps({"digest": hashlib.sha256(b"".join(np.ascontiguousarray(o).toby
 def run_child(folder, **env):
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("JITGRAD_", "JG_"))}
     environ.update({"JITGRAD_CACHE_DIR": str(folder), "NUMBA_CACHE_DIR": str(folder / "numba"),
-                    "JITGRAD_COMPILE_HELPER": "0"}, **env)
+                    "JITGRAD_COMPILE_HELPER": "0", "JITGRAD_FIRST_CALL": "compiled"}, **env)  # bits from call 1
     proc = subprocess.run([sys.executable, "-c", CHILD], env=environ, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -109,6 +114,7 @@ def test_a_warm_process_derives_builds_and_compiles_nothing_and_gives_the_same_b
     assert warm["programs"] == {**warm["programs"], "program_hits": 3, "program_misses": 0, "program_writes": 0}
     assert warm["stats"]["builds"] == 0 and warm["stats"]["disk_hits"] > 0 and warm["stats"]["disk_rejected"] == 0
     assert warm["compiled_sources"] == 0  # every kernel module's code came from the disk cache
+    assert first["written_sources"] > 0 and warm["written_sources"] == 0  # each source came with its program
     assert warm["loaded_libraries"] > 0 and warm["linkable"]  # loaded without parsing bitcode, which links on demand
     assert warm["digest"] == first["digest"]
 

@@ -1,5 +1,4 @@
-"""Loop nests: the backend-neutral form of a fused kernel (`LoopKernel`), and how a group of equations is
-written as one (`lower_group`).
+"""Loop nests: the backend-neutral form of a fused kernel (`LoopKernel`); `lower_group` writes a group as one.
 
 A kernel iterates over one domain D (a shape). Axes of D split into kept axes (outer loops) and
 reduced axes R (inner loops). Inside, elementwise values are computed per point, views only move
@@ -105,6 +104,7 @@ class LoopKernel:
     epilogue_stores: list[Store]
     eqns: list[Eqn]
     index_params: tuple[int, ...] = ()  # the values of its `Param`s, by number: int64 arguments after the scalars
+    lowered: dict[str, str] = field(default_factory=dict, compare=False, repr=False)  # backend -> source, kept on disk
 
     @property
     def kept_axes(self) -> tuple[int, ...]:

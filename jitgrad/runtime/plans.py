@@ -130,10 +130,10 @@ class Plan:
         """The traced graph as the program cache's key (`graph_keys.describe`; None: it has none)."""
         return graph_keys.describe(self.graph)
 
-    def program(self, recipe: tuple, derive: Callable[[], T]) -> T:
-        """What `derive()` makes of the traced graph for `recipe`, or what a process stored for the same recipe of
-        the same graph and jitgrad (`jitgrad.runtime.programs`)."""
-        return programs.cached(lambda: self.text, recipe, self.backend.name, derive)
+    def program(self, recipe: tuple, derive: Callable[[], T], bind: Callable[[T], Any]) -> Any:
+        """`bind` of what `derive()` makes of the traced graph for `recipe`, or of what a process stored for the same
+        recipe of the same graph and jitgrad (`jitgrad.runtime.programs`, which stores it bound)."""
+        return programs.cached(lambda: self.text, recipe, self.backend.name, derive, bind)
 
     def compile(self, program: Program, mode: str) -> Any:
         """`program` bound to kernels by the backend, named for progress as `mode` of the function."""
@@ -141,16 +141,17 @@ class Plan:
 
     def call(self) -> Any:
         """The plain call's executable."""
-        return self.built("call", lambda: self.compile(
-            self.program(("call",), lambda: recipes.schedule(self.graph)), "call"))
+        return self.built("call", lambda: self.program(
+            ("call",), lambda: recipes.schedule(self.graph), lambda program: self.compile(program, "call")))
 
     def value_and_grad(self, wrt: Sequence[int], has_aux: bool = False) -> Any:
         """The joint value-and-grad executable for the graph inputs `wrt` (with `has_aux`, the outputs after
         the first are computed alongside, undifferentiated)."""
         wrt = tuple(wrt)
-        return self.built(("joint", wrt, has_aux), lambda: self.compile(self.program(
+        return self.built(("joint", wrt, has_aux), lambda: self.program(
             ("value_and_grad", wrt, has_aux),
-            lambda: recipes.schedule(recipes.value_and_grad_graph(self.graph, wrt, has_aux))), "value_and_grad"))
+            lambda: recipes.schedule(recipes.value_and_grad_graph(self.graph, wrt, has_aux)),
+            lambda program: self.compile(program, "value_and_grad")))
 
     def split(self) -> Split:
         """The forward/backward pair, differentiating every float input."""
@@ -160,8 +161,8 @@ class Plan:
 
         def build() -> Split:
             wrt = self.all_differentiable()
-            graphs, forward, backward = self.program(("split", tuple(wrt)), lambda: derive(wrt))
-            return Split(graphs, self.compile(forward, "forward"), self.compile(backward, "backward"), wrt)
+            return self.program(("split", tuple(wrt)), lambda: derive(wrt), lambda derived: Split(
+                derived[0], self.compile(derived[1], "forward"), self.compile(derived[2], "backward"), wrt))
         return self.built("split", build)
 
     def kernel_counts(self) -> dict[str, int]:

@@ -33,6 +33,7 @@ from jitgrad.runtime import graph_keys
 
 FORMAT = "program-pickle-2"
 T = TypeVar("T")
+R = TypeVar("R")
 log = logging.getLogger("jitgrad.cache")
 _lock = threading.Lock()
 _STATS = {"program_hits": 0, "program_misses": 0, "program_writes": 0, "program_rejected": 0,
@@ -189,22 +190,25 @@ def _store(folder: str, key: str, program: Any) -> None:
         cache.enforce_limit(keep=os.path.basename(path).split(".", 1)[0])
 
 
-def cached(text_of: Callable[[], str | None], recipe: tuple, backend: str, build: Callable[[], T]) -> T:
-    """What `build()` makes for `recipe` of the graph whose text (`graph_keys.describe`) `text_of()` gives: loaded
-    from the disk cache where a process stored it before, else built and stored (a text None: built only)."""
+def cached(text_of: Callable[[], str | None], recipe: tuple, backend: str, build: Callable[[], T],
+           bind: Callable[[T], R]) -> R:
+    """`bind` of what `build()` makes for `recipe` of the graph whose text (`graph_keys.describe`) `text_of()` gives:
+    loaded from the disk cache where a process stored it before, else built, bound and then stored, with what the
+    binding added to it (`LoopKernel.lowered`; a text None: built only)."""
     folder = cache.directory() if enabled() else None
     if folder is None:
-        return build()
+        return bind(build())
     text = text_of()
     if text is None:
         _count("program_undescribed")
-        return build()
+        return bind(build())
     key = entry_key(text, recipe, backend)
     found = _load(folder, key)
     if found is not None:
         _count("program_hits")
-        return found
+        return bind(found)
     _count("program_misses")
     program = build()
+    bound = bind(program)
     _store(folder, key, program)
-    return program
+    return bound

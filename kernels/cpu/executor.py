@@ -10,9 +10,7 @@ nothing else still references them (`jitgrad.kernels.buffers`).
 """
 from __future__ import annotations
 
-import os
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -24,83 +22,13 @@ from jitgrad.kernels.buffers import BufferPool, OutputBuffers, outputs_to_copy
 from jitgrad.kernels.build import background, compiler, helper, progress, quick_codegen
 from jitgrad.kernels.cpu import blas_operands, first_call
 from jitgrad.kernels.cpu import codegen as cpu
+from jitgrad.kernels.cpu.variants import PARALLEL, SERIAL, VariantChooser
 from jitgrad.passes.loops import HostStep, LoopKernel, Program
 from jitgrad.kernels.slots import SlotTable, release_after, run_steps
 
-PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
 QUICK = "quick_kernel"  # the serial variant with quick machine code (`quick_codegen`), for a cold first call
 PROMOTE_AT_CALL = 2  # a quick kernel's full-level code is compiled once it runs again (a loop), not for one call
 VARIANTS = {PARALLEL: {"parallel": True}, SERIAL: {}, QUICK: quick_codegen.QUICK}
-
-
-class VariantChooser:
-    """Picks the serial or parallel kernel for a large domain by timing both, on the first calls and
-    again every RECHECK_EVERY calls.
-
-    On an idle machine the parallel kernel wins; when other processes occupy the cores, waking
-    worker threads can cost more than the work, and the serial kernel wins. The load changes, so
-    the choice is re-timed now and then (two calls of each variant, about 2% of calls). Small
-    domains always run serially.
-    """
-
-    TRIALS = 3  # timed calls of each variant before the first choice
-    RECHECK_TRIALS = 2  # timed calls of each variant at a re-check
-    RECHECK_EVERY = 100  # calls between re-checks
-
-    def __init__(self, size: int):
-        self.fixed = size < cpu.PARALLEL_MIN_SIZE or _serial_only
-        self.choice: str | None = SERIAL if self.fixed else None
-        self.trials = self.TRIALS
-        self.timings: dict[str, list[float]] = {PARALLEL: [], SERIAL: []}
-        self.calls_since_choice = 0
-        _choosers.add(self)
-
-    def next(self) -> str:
-        """The variant to run now; while `choice` is None the caller times it and calls `record`."""
-        if self.choice is not None:
-            if self.fixed:
-                return self.choice
-            self.calls_since_choice += 1
-            if self.calls_since_choice <= self.RECHECK_EVERY:
-                return self.choice
-            self.choice, self.trials = None, self.RECHECK_TRIALS
-            self.timings = {PARALLEL: [], SERIAL: []}
-        return PARALLEL if len(self.timings[PARALLEL]) <= len(self.timings[SERIAL]) else SERIAL
-
-    def keep(self, variant: str) -> None:
-        """Use `variant` from now on, without timing (the other one cannot run)."""
-        self.fixed, self.choice = True, variant
-
-    def record(self, variant: str, seconds: float) -> None:
-        if self.choice is not None:
-            return
-        self.timings[variant].append(seconds)
-        if all(len(t) >= self.trials for t in self.timings.values()):
-            self.choice = min(self.timings, key=lambda v: sorted(self.timings[v])[self.trials // 2])
-            self.calls_since_choice = 0
-
-
-_choosers: "weakref.WeakSet[VariantChooser]" = weakref.WeakSet()
-_serial_only = False  # in a child forked after GNU OpenMP ran parallel kernels, which it cannot do again
-
-
-def _pin_serial_after_fork() -> None:
-    """GNU OpenMP kills a forked child that starts parallel work after its parent did (numba's `omp`
-    threading layer): in such a child every kernel runs its serial variant, which gives the same
-    numbers. Other layers (workqueue, tbb) keep their choice."""
-    global _serial_only
-    try:
-        unsafe = numba.threading_layer() == "omp"
-    except ValueError:  # no parallel kernel ran before the fork: the child may start its own pool
-        return
-    if unsafe:
-        _serial_only = True
-        for chooser in list(_choosers):
-            chooser.keep(SERIAL)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_pin_serial_after_fork)
 
 
 @dataclass
@@ -123,14 +51,14 @@ class _KernelCall:
         self.plain = not self.contiguous and all(a.aval.ndim for a in [*self.kernel.inputs, *self.kernel.outputs])
         self.settled: Any = None  # the serial kernel's dispatcher once nothing else can run (`Executable.steady`)
 
-    def guessed_signature(self, slots: list[Any]) -> tuple:
+    def guessed_signature(self, slots: list[Any], typed: dict[Any, Any]) -> tuple:
         """numba's types of this call's arguments, guessed before the first call runs: the call's inputs and
         constants as they are (`slots` before any step ran), every other array C-contiguous and writable, of
-        its planned dtype and rank."""
-        ins = [slots[i] if slots[i] is not None else np.empty((1,) * a.aval.ndim, a.aval.dtype)
+        its planned dtype and rank. `typed` keeps the array types found in this pass (`first_call.numba_type`)."""
+        ins = [slots[i] if slots[i] is not None else first_call.stand_in(a.aval)
                for i, a in zip(self.inputs, self.kernel.inputs)]
-        outs = [np.empty((1,) * o.aval.ndim, o.aval.dtype) for o in self.kernel.outputs]
-        return tuple(numba.typeof(a) for a in cpu.kernel_arguments(self.kernel, ins, outs, self.scalars))
+        outs = [first_call.stand_in(o.aval) for o in self.kernel.outputs]
+        return tuple(first_call.numba_type(a, typed) for a in cpu.kernel_arguments(self.kernel, ins, outs, self.scalars))
 
     def run(self, slots: list[Any]) -> None:
         outs = self.buffers.take()
@@ -218,7 +146,8 @@ class Executable:
         self.host_views = {o for s in program.steps if isinstance(s, HostStep) and s.eqn.prim.kind is Kind.VIEW
                            for o in s.eqn.outs}
         self.copied = blas_operands.copied_views(program.steps)
-        self.calls: list[_KernelCall | _HostCall] = [self._bind(s) for s in program.steps]
+        texts: dict[str, str] = {}  # the kernel sources `_bind` generates, each text once
+        self.calls: list[_KernelCall | _HostCall] = [self._bind(s, texts) for s in program.steps]
         self.output_slots, self.initial = [self._slot(a) for a in graph.outputs], self.table.initial
         self.constants = self.initial[self.n_inputs:]  # the slots after the inputs, as each call starts them
         fresh = {i for c in self.calls if isinstance(c, _KernelCall) for i in c.outputs}
@@ -232,7 +161,7 @@ class Executable:
         self.buffers.plan([(c.inputs, c.outputs, c.buffers, isinstance(c, _HostCall) and not c.fresh)
                            for c in self.calls], released, returned)
 
-    def _bind(self, step: LoopKernel | HostStep) -> _KernelCall | _HostCall:
+    def _bind(self, step: LoopKernel | HostStep, texts: dict[str, str]) -> _KernelCall | _HostCall:
         if isinstance(step, HostStep):
             e = step.eqn
             out = e.outs[0].aval
@@ -242,7 +171,11 @@ class Executable:
             impl = blas_operands.contiguous(e.prim.impl, into=pooled) if copied else e.prim.impl
             return _HostCall(impl, dict(e.params), [self._slot(a) for a in e.inputs],
                              [self._slot(o) for o in e.outs], e.prim.fresh_output or pooled, site if pooled else None)
-        compiled = compiler.load(cpu.module_source(step), VARIANTS)
+        source = step.lowered.get("cpu")
+        if source is None:  # a program the disk cache stores keeps it (`LoopKernel.lowered`); equal texts shared
+            text = cpu.module_source(step)
+            source = step.lowered["cpu"] = texts.setdefault(text, text)
+        compiled = compiler.load(source, VARIANTS)
         size = int(np.prod(step.domain, dtype=np.int64))
         site = self.buffers.site([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs])
         return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],
@@ -256,10 +189,12 @@ class Executable:
         """A call over the slot list; replaced on the instance by the generated `steady` function once there is one."""
         slots = [*args, *self.constants]
         if self.first:
-            outs = self.numpy_first.call(args, slots, self.calls)
+            typed: dict[Any, Any] = {}
+            guesses = [(c, c.guessed_signature(slots, typed)) for c in self.calls if isinstance(c, _KernelCall)]
+            outs = self.numpy_first.call(args, [(c.compiled, signature) for c, signature in guesses])
             if outs is not None:
                 return outs
-            self._first_run(slots)
+            self._first_run(slots, guesses)
         else:
             run_steps(self.steps, slots)
             if all(c.settled is not None if isinstance(c, _KernelCall) else c.buffers is None for c in self.calls):
@@ -317,17 +252,17 @@ class Executable:
                 for s, copy in zip(self.output_slots, self.copy_output)]
         return lines, names, outs, [scalar.get(s, f"{slot[s]}[()]") for s in self.output_slots]
 
-    def _first_run(self, slots: list[Any]) -> None:
+    def _first_run(self, slots: list[Any], guesses: list[tuple[_KernelCall, tuple]]) -> None:
         """Run every step, telling a progress reporter before each kernel (each compiles on its first run).
         With the compile helper (`kernels.build.helper`), the kernels are first compiled here and there, largest
         first, then the steps run. Background compiles wait until it returns (`background.Scheduler.foreground`).
         A first call that raised (a KeyboardInterrupt in a compile, say) leaves the next call a first call."""
         with background.scheduler.foreground():
-            self._first_steps(slots)
+            self._first_steps(slots, guesses)
         self.first = False
 
-    def _first_steps(self, slots: list[Any]) -> None:
-        compile_helper = self._offer_to_helper(slots)
+    def _first_steps(self, slots: list[Any], guesses: list[tuple[_KernelCall, tuple]]) -> None:
+        compile_helper = self._offer_to_helper(guesses)
         report = progress.first_call(self.label, self.kernel_count)
         if report is None and compile_helper is None:
             run_steps(self.steps, slots)
@@ -353,7 +288,7 @@ class Executable:
         if report is not None:
             report.end(completed=True)
 
-    def _offer_to_helper(self, slots: list[Any]) -> helper.CompileHelper | None:
+    def _offer_to_helper(self, guesses: list[tuple[_KernelCall, tuple]]) -> helper.CompileHelper | None:
         """Queue the kernels this first call will compile for the compile helper, largest first; None when it
         is not used (too few kernels to build, or `helper.helper` is None). Kernels whose serial machine code is
         neither here nor on disk run their quick code (`quick_codegen`), built here and there or read from disk,
@@ -361,8 +296,8 @@ class Executable:
         compile_helper = helper.helper()
         if compile_helper is None:
             return None
-        to_build = [(c, job) for c in self.calls if isinstance(c, _KernelCall)
-                    for job in [helper.job_for(c.compiled, SERIAL, c.guessed_signature(slots))] if job is not None]
+        to_build = [(c, job) for c, signature in guesses
+                    for job in [helper.job_for(c.compiled, SERIAL, signature)] if job is not None]
         if len({job.key for _, job in to_build}) < helper.MIN_KERNELS:
             return None
         quick = quick_codegen.enabled()

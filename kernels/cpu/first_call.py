@@ -22,6 +22,7 @@ import os
 import threading
 from typing import Any, Iterator, Sequence
 
+import numba
 import numpy as np
 
 from jitgrad.kernels.build import progress
@@ -55,6 +56,25 @@ def compiled_only() -> Iterator[None]:
         yield
     finally:
         _compiled_only.reset(token)
+
+
+def stand_in(aval: Any) -> np.ndarray:
+    """An array standing for a value a step will compute, to guess a kernel's argument types before the call runs:
+    C-contiguous, writable, of the value's dtype and rank."""
+    return np.empty((1,) * aval.ndim, aval.dtype)
+
+
+def numba_type(value: Any, typed: dict[Any, Any]) -> Any:
+    """numba's type of `value`; an array's found once in `typed` per what numba's type of an array says (dtype, rank,
+    layout, writeable, aligned): an unrolled loop's steps pass the same kinds of arrays again and again."""
+    if type(value) is not np.ndarray:
+        return numba.typeof(value)
+    flags = value.flags
+    key = (value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable, flags.aligned)
+    found = typed.get(key)
+    if found is None:
+        found = typed[key] = numba.typeof(value)
+    return found
 
 
 def work(graph: Graph) -> int:
@@ -177,12 +197,12 @@ class Tier:
         self.first: NumpyFirstCall | None = None
         self.decided = False
 
-    def call(self, args: Sequence[np.ndarray], slots: list[Any], steps: Sequence[Any]) -> list[np.ndarray] | None:
-        """The outputs of a numpy first call, or None: the caller runs its compiled first call. `steps` are the
-        executable's bound steps (its kernel calls guess their argument types from `slots`)."""
+    def call(self, args: Sequence[np.ndarray], targets: Sequence[tuple[compiler.CompiledSource, tuple]]
+             ) -> list[np.ndarray] | None:
+        """The outputs of a numpy first call, or None: the caller runs its compiled first call. `targets` are the
+        executable's kernels and the argument types they will get."""
         if not self.decided:
             self.decided = True
-            targets = [(c.compiled, c.guessed_signature(slots)) for c in steps if hasattr(c, "guessed_signature")]
             self.first = plan(self.graph, self.variants, targets, self.label)
             outs = None if self.first is None else self.first.run(args)
             if outs is not None:
@@ -197,7 +217,8 @@ def plan(graph: Graph, variants: tuple[str, str],
          targets: Sequence[tuple[compiler.CompiledSource, tuple]], label: str) -> NumpyFirstCall | None:
     """A numpy first call for an executable whose kernels are `targets`, or None to compile first: the mode
     says so, every kernel is compiled or on disk already (loading is quick), or the graph's work is too large."""
-    unbuilt = [c for c, sig in targets if not any(_built(c, variant, sig) for variant in variants)]
+    distinct = {(id(c), sig): (c, sig) for c, sig in targets}.values()  # an unrolled loop's steps share kernels
+    unbuilt = [c for c, sig in distinct if not any(_built(c, variant, sig) for variant in variants)]
     if mode() != "numpy" or not unbuilt or work(graph) > MAX_ELEMENTS:
         return None
     return NumpyFirstCall(graph, variants, targets, label)
