@@ -29,7 +29,10 @@ Three parts, printed as tables:
     process per library and case with empty caches (jitgrad: new JITGRAD_CACHE_DIR and NUMBA_CACHE_DIR;
     JAX: its persistent compilation cache disabled): the library's import time, the first call's seconds
     (JAX's includes starting its CPU backend), the second call's, and jitgrad's wait for the compiles
-    it left to the background. Each JITGRAD_FIRST_CALL mode when jitgrad has `jitgrad.kernels.cpu.first_call`.
+    it left to the background. Each JITGRAD_FIRST_CALL mode (numpy, the default, and compiled) when jitgrad has
+    `jitgrad.kernels.cpu.first_call`. Then warm first calls (b'): per case and library, a process fills disk
+    caches in a folder of its own (jitgrad's programs and kernels, after its background compiles; JAX's
+    persistent compilation cache, every compile stored), and a second fresh process's first call is timed.
 (c) call overhead: W4 (value-and-grad of W1's elementwise chain at N = 16, three positional arrays) and the
     dict of ten arrays of bench/pytree_overhead.py, microseconds per call, median and p99.
 
@@ -326,23 +329,30 @@ def first_call_modes() -> list[str | None]:
     return ["numpy", "compiled"] if importlib.util.find_spec("jitgrad.kernels.cpu.first_call") is not None else [None]
 
 
-def run_child(library: str, case: str, size_name: str, mode: str | None) -> dict[str, Any]:
-    """A cold child: empty caches for jitgrad (new cache folders) and JAX (its persistent cache off)."""
-    folder = tempfile.mkdtemp(prefix="jitgrad-jax-peer-")
+def run_child(library: str, case: str, size_name: str, mode: str | None, folder: str | None = None) -> dict[str, Any]:
+    """A child with empty caches (jitgrad: new cache folders; JAX: its persistent compilation cache off), or, given
+    `folder`, with the caches kept there (JAX's persistent cache on, every compile stored): a first child fills
+    them, the next starts warm."""
+    own = folder is None
+    folder = tempfile.mkdtemp(prefix="jitgrad-jax-peer-") if own else folder
     try:
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("JITGRAD_", "NUMBA_CACHE_DIR", "JAX_COMPILATION_CACHE"))}
+               if not k.startswith(("JITGRAD_", "NUMBA_CACHE_DIR", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
         env.update(JITGRAD_CACHE_DIR=os.path.join(folder, "jitgrad"), NUMBA_CACHE_DIR=os.path.join(folder, "numba"),
-                   JAX_ENABLE_COMPILATION_CACHE="false", JAX_PLATFORMS="cpu")
+                   JAX_ENABLE_COMPILATION_CACHE="false" if own else "true", JAX_PLATFORMS="cpu")
+        if not own:
+            env.update(JAX_COMPILATION_CACHE_DIR=os.path.join(folder, "jax"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
         if mode is not None:
             env["JITGRAD_FIRST_CALL"] = mode
         proc = subprocess.run([sys.executable, __file__, "--child", library, "--case", case, "--size", size_name],
                               env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         if proc.returncode != 0:
-            raise RuntimeError(f"cold {library} {case} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"{library} {case} child failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if own:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def cold_rows(model_names: list[str], size_name: str = "small") -> list[list[str]]:
@@ -364,6 +374,28 @@ def cold_rows(model_names: list[str], size_name: str = "small") -> list[list[str
 
 
 COLD_HEADER = ["case", "size", "library", "import s", "first call s", "second call s", "background wait s"]
+
+
+def warm_rows(model_names: list[str], size_name: str = "small") -> list[list[str]]:
+    """Per case and library (jitgrad in its default mode), a fresh process on caches that a first process filled
+    (jitgrad's kernels and programs, JAX's persistent compilation cache): that second process's first call."""
+    texts = model_text()
+    cases = [(n, texts.MODELS[n].size(size_name).label) for n in model_names] + [("readme", "N=1e6")]
+    rows = []
+    for case, label in cases:
+        for library in ("jitgrad", "jax"):
+            folder = tempfile.mkdtemp(prefix="jitgrad-jax-peer-warm-")
+            try:
+                run_child(library, case, size_name, None, folder)
+                r = run_child(library, case, size_name, None, folder)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            rows.append([case, label, library, f"{r['import_s']:.2f}", f"{r['first_s']:.3f}", f"{r['second_s']:.4f}"])
+            print(f"  warm {case} {library}: first {r['first_s']:.3f} s", file=sys.stderr)
+    return rows
+
+
+WARM_HEADER = ["case", "size", "library", "import s", "first call s", "second call s"]
 
 
 # ---------------------------------------------------------------- main
@@ -417,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = cold_rows(models)
         print("\n(b) cold first calls: a fresh process per library and case, empty caches")
         print(show(COLD_HEADER, rows))
+        rows = warm_rows(models)
+        print("\n(b') warm first calls: a fresh process per library and case, on the disk caches a process filled "
+              "before it (jitgrad's programs and kernels; JAX's persistent compilation cache)")
+        print(show(WARM_HEADER, rows))
     if not args.no_overhead:
         rows = overhead_rows(args.overhead_rounds)
         print("\n(c) call overhead, interleaved round-robin, one call per sample")
