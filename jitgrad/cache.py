@@ -27,7 +27,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 ENTRY_PREFIX = "jitgrad_kernel_"
 PROGRAM_PREFIX = "jitgrad_program_"  # a compiled program (`jitgrad.runtime.programs`): one file, its own entry
@@ -271,6 +271,25 @@ def read_entry(path: str, key: str) -> bytes | None:
         _reject(path, f"holds the entry of another key (copied or renamed over this file): "
                       f"{_difference(stored.decode(errors='replace'), key)}")
     return body[key_end:]
+
+
+def load_entry(path: str, key: str, decode: Callable[[bytes], Any], rejected: Callable[[], None], instead: str) -> Any:
+    """`decode` of the payload stored at `path` for `key`, or None: no file, or one refused (`read_entry`) or that
+    does not decode (logged with what the caller does `instead`, and deleted); `rejected()` counts the last two."""
+    try:
+        payload = read_entry(path, key)
+    except EntryRejected:
+        rejected()
+        return None
+    if payload is None:
+        return None
+    try:
+        return decode(payload)
+    except Exception as exc:  # a whole entry that does not load (a class renamed since): rebuild it
+        log.warning("cannot load %s (%s: %s); %s", path, type(exc).__name__, exc, instead)
+        discard(path)
+        rejected()
+        return None
 
 
 def _difference(stored: str, wanted: str, context: int = 60) -> str:

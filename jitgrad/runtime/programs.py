@@ -159,21 +159,10 @@ def _path(folder: str, key: str) -> str:
 
 def _load(folder: str, key: str) -> Any:
     path = _path(folder, key)
-    try:
-        data = cache.read_entry(path, key)
-    except cache.EntryRejected:
-        _count("program_rejected")
-        return None
-    if data is None:
-        return None
-    try:
-        found = _Unpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # a whole entry that does not load (a class renamed since): derive it again
-        log.warning("cannot load program %s (%s: %s); deriving it again", path, type(exc).__name__, exc)
-        cache.discard(path)
-        _count("program_rejected")
-        return None
-    cache.touch(path)
+    found = cache.load_entry(path, key, lambda data: _Unpickler(io.BytesIO(data)).load(),
+                             lambda: _count("program_rejected"), "deriving the program again")
+    if found is not None:
+        cache.touch(path)
     return found
 
 

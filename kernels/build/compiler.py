@@ -118,19 +118,9 @@ class DiskCache(_Cache):
         codegen = target_context.codegen()
         key = self.entry_key(sig, codegen)
         path = self.entry_path(sig, codegen, key)
-        try:
-            payload = cache.read_entry(path, key)
-        except cache.EntryRejected:
-            _count("disk_rejected")
-            return None
-        if payload is None:
-            return None
-        try:
-            cres = entries.rebuild(target_context, payload)
-        except Exception as exc:  # a whole entry numba cannot rebuild: recompile rather than fail
-            cache_log.warning("cannot load %s (%s: %s); recompiling", path, type(exc).__name__, exc)
-            cache.discard(path)
-            _count("disk_rejected")
+        cres = cache.load_entry(path, key, lambda payload: entries.rebuild(target_context, payload),
+                                lambda: _count("disk_rejected"), "recompiling")
+        if cres is None:
             return None
         _count("disk_hits")
         cache_log.debug("loaded %s from %s in %.1f ms", self._stem, path, 1e3 * (time.perf_counter() - start))
