@@ -23,7 +23,8 @@ from jitgrad.runtime.arguments import LEAF, STATIC, Arguments, as_tensors, numpy
 from jitgrad.runtime.backends import backend
 from jitgrad.errors import InputError
 from jitgrad.front.explain import Explanation, ir_text, render
-from jitgrad.runtime.plans import MISS, Plan, PlanCache
+from jitgrad.runtime.plans import Plan, PlanCache
+from jitgrad.runtime.repeats import MISS
 from jitgrad.tracing.traced import reading_captured
 from jitgrad.tracebacks import api_boundary, filtered, keeps_all_frames
 from jitgrad.tracing.tracer import Tracer, current_builder

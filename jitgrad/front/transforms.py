@@ -17,7 +17,7 @@ from jitgrad.runtime.arguments import arg_aval
 from jitgrad.passes.autodiff import inline_graph, joint_vjp_graph, with_unit_cotangent
 from jitgrad.errors import InputError
 from jitgrad.ir.graph import Aval, Graph
-from jitgrad.runtime.plans import MISS
+from jitgrad.runtime.repeats import MISS
 from jitgrad.tracing.traced import Trace, trace_to_graph
 from jitgrad.tracebacks import api_boundary
 from jitgrad.tracing.tracer import Tracer, current_builder

@@ -23,7 +23,7 @@ from jitgrad.passes import recipes
 from jitgrad.passes.loops import Program
 from jitgrad.runtime import graph_keys, programs
 from jitgrad.runtime.arguments import LEAF, STATIC, Arguments, Call, CallSignature
-from jitgrad.runtime.repeats import _SETTLED, MISS, RepeatCall, _Signal
+from jitgrad.runtime.repeats import MISS, SETTLED, RepeatCall, Signal
 from jitgrad.passes.autodiff import SplitGraphs
 from jitgrad.runtime.backends import Backend
 from jitgrad.tracing.captures import Captures
@@ -203,10 +203,10 @@ class PlanCache:
             return MISS
         for entry in entries:
             result = entry.run(args)
-            if type(result) is _Signal:
+            if type(result) is Signal:
                 if result is MISS:
                     continue
-                if result is _SETTLED:
+                if result is SETTLED:
                     entry.run = entry.compile()
                     return self.repeat(key, args)
                 self.drop(entry.plan)

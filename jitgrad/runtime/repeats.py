@@ -13,10 +13,10 @@ import numpy as np
 from jitgrad.tracing import capture_paths, trees
 from jitgrad.runtime.arguments import Call, static_key
 
-_Signal = type("_Signal", (), {"__slots__": ()})  # what a repeat-call entry answers instead of a result:
-MISS = _Signal()  # a call it does not match (the general path runs)
-_STALE = _Signal()  # the plan's captured arrays changed (the plan is dropped, then MISS)
-_SETTLED = _Signal()  # its executable has settled (written into it: `RepeatCall.compile`, then run again)
+Signal = type("Signal", (), {"__slots__": ()})  # what a repeat-call entry answers instead of a result:
+MISS = Signal()  # a call it does not match (the general path runs)
+STALE = Signal()  # the plan's captured arrays changed (the plan is dropped, then MISS)
+SETTLED = Signal()  # its executable has settled (written into it: `RepeatCall.compile`, then run again)
 
 
 @dataclass
@@ -37,7 +37,7 @@ class RepeatCall:
     @classmethod
     def build(cls, plan: Any, call: Call, static_argnums: Sequence[int], exe: Any,
               results: Callable[[trees.Source, Callable[[int], str]], str]) -> "RepeatCall | None":
-        src = trees.Source(ndarray=np.ndarray, asarray=np.asarray, MISS=MISS, STALE=_STALE, SETTLED=_SETTLED)
+        src = trees.Source(ndarray=np.ndarray, asarray=np.asarray, MISS=MISS, STALE=STALE, SETTLED=SETTLED)
         names = [f"a{i}" for i in range(len(call.args))]
         src.lines += [f"if len(args) != {len(names)}: return MISS"] + [f"{', '.join(names)}, = args"] * bool(names)
         avals, leaves = iter(plan.signature.avals), []
