@@ -5,7 +5,9 @@ warm disk cache; the core example's `loss` (issue 2) or the W1 workload (issue 8
 
 Each sample is a new Python process (subprocess). Cold: empty JITGRAD_CACHE_DIR and
 NUMBA_CACHE_DIR (numba's cache for jitgrad's helper functions), as on a machine that never ran
-jitgrad. Warm: the directories a cold run just filled. Printed per kind (median of the samples):
+jitgrad. Warm: the directories a cold run just filled. Both with JITGRAD_FIRST_CALL=compiled, so that the
+first call compiles or loads its kernels (by default a cold first call runs on numpy; bench/jax_peer.py
+times that). Printed per kind (median of the samples):
 the process's wall time from spawn to exit, `import jitgrad`, and the first value-and-grad call
 (trace, plan, compile or load, run), with the second call for scale, and the wait at the end for
 the parallel kernels compiling (or loading) in the background meanwhile.
@@ -53,7 +55,8 @@ print(json.dumps({"import_s": imported - start, "first_call_s": t1 - t0, "second
 
 def run_process(folder: str, size: int, formula: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JITGRAD_")}
-    env.update(JITGRAD_CACHE_DIR=os.path.join(folder, "jitgrad"), NUMBA_CACHE_DIR=os.path.join(folder, "numba"))
+    env.update(JITGRAD_CACHE_DIR=os.path.join(folder, "jitgrad"), NUMBA_CACHE_DIR=os.path.join(folder, "numba"),
+               JITGRAD_FIRST_CALL="compiled")  # compiling against loading (a cold default first call runs numpy)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CHILD.replace("SIZE", str(size)).replace("FORMULA", formula)], env=env, capture_output=True,
                           text=True, timeout=600)
