@@ -339,7 +339,8 @@ def test_a_backend_reads_the_record_lowering_unless_it_registers_its_own() -> No
 
 # jitgrad/'s wings, lowest first: a module imports its own wing, the wings before it and the utilities only
 WINGS = ("ir", "tracing", "ops", "passes", "kernels", "runtime", "front")
-UTILITIES = {"jitgrad.errors", "jitgrad.tracebacks", "jitgrad.logging_setup", "jitgrad.cache"}  # importable anywhere
+UTILITIES = {"jitgrad.errors", "jitgrad.tracebacks", "jitgrad.logging_setup", "jitgrad.cache",
+             "jitgrad.cores"}  # importable anywhere
 TOP_LEVEL = {"jitgrad", "jitgrad.__main__", "jitgrad.opinfo", "jitgrad.optim",
              "jitgrad.distributed"} | UTILITIES  # the package, its command line, op lookup and public namespaces
 

@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from jitgrad.cores import on_one_core  # a call kept on one core: the parts in turn, the same bits
+
 SMALL_PRODUCT = 1 << 24  # multiply-adds: every product of the small bench models, and the medium LSTM's per step
 _SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
 _GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
@@ -101,6 +103,12 @@ LATE_SKIP = 16  # products run without the helper after it did not start in time
 SPLIT = os.environ.get("JITGRAD_BLAS_SPLIT", "1") != "0"  # JITGRAD_BLAS_SPLIT=0: numpy's product, as before
 
 
+def _in_turn(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    """A split product's parts computed one after the other on the calling thread."""
+    for a, b, out in parts:
+        np.matmul(a, b, out=out)
+
+
 class _Helper:
     """One daemon thread that computes the second part of a split product while the caller computes the
     first. The caller hands a part over only when the helper is idle (a non-blocking try), and takes the
@@ -133,10 +141,12 @@ class _Helper:
         self.done.release()
 
     def split(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        if on_one_core.on:
+            _in_turn(parts)
+            return
         if self.skip > 0 or len(parts) != 2 or not self.lock.acquire(blocking=False):
             self.skip = max(self.skip - 1, 0)
-            for a, b, out in parts:
-                np.matmul(a, b, out=out)
+            _in_turn(parts)
             return
         try:
             if self.thread is None:

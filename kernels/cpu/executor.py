@@ -22,7 +22,8 @@ from jitgrad.kernels.buffers import BufferPool, OutputBuffers, outputs_to_copy
 from jitgrad.kernels.build import background, compiler, helper, progress, quick_codegen
 from jitgrad.kernels.cpu import blas_operands, first_call
 from jitgrad.kernels.cpu import codegen as cpu
-from jitgrad.kernels.cpu.variants import PARALLEL, SERIAL, VariantChooser
+from jitgrad.kernels.cpu.variants import PARALLEL, SERIAL, CallSpread, VariantChooser
+from jitgrad.cores import on_one_core
 from jitgrad.passes.loops import HostStep, LoopKernel, Program
 from jitgrad.kernels.slots import SlotTable, release_after, run_steps
 
@@ -69,9 +70,10 @@ class _KernelCall:
             for p in self.contiguous:
                 arrays[p] = np.ascontiguousarray(arrays[p])
             args = cpu.kernel_arguments(self.kernel, arrays, outs, self.scalars)
-        chosen = self.chooser.next()
+        one_core = on_one_core.on
+        chosen = SERIAL if one_core else self.chooser.next()
         variant = self.serial if chosen == SERIAL else chosen
-        if self.chooser.choice is not None:
+        if one_core or self.chooser.choice is not None:
             self.compiled.call(variant, args)
         elif chosen == PARALLEL and not self.compiled.ready(PARALLEL, args):
             # Tiered start: the serial variant compiles faster and answers the first calls, while the
@@ -160,6 +162,8 @@ class Executable:
         returned = [s for s, copy in zip(self.output_slots, self.copy_output) if not copy]  # outlive the call
         self.buffers.plan([(c.inputs, c.outputs, c.buffers, isinstance(c, _HostCall) and not c.fresh)
                            for c in self.calls], released, returned)
+        self.spread = CallSpread([c.chooser for c in self.calls if isinstance(c, _KernelCall)],
+                                 any(s.eqn.prim.kind is Kind.HOST for s in program.steps if isinstance(s, HostStep)))
 
     def _bind(self, step: LoopKernel | HostStep, texts: dict[str, str]) -> _KernelCall | _HostCall:
         if isinstance(step, HostStep):
@@ -196,7 +200,7 @@ class Executable:
                 return outs
             self._first_run(slots, guesses)
         else:
-            run_steps(self.steps, slots)
+            self.spread.run(lambda: run_steps(self.steps, slots))
             if all(c.settled is not None if isinstance(c, _KernelCall) else c.buffers is None for c in self.calls):
                 self.run, self.settled = self.steady(), True  # type: ignore[method-assign]
         if not self.any_copy:

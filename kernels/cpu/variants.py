@@ -1,16 +1,21 @@
 """Which variant of a CPU kernel runs: the serial one for small domains, for large ones whichever of serial and
 parallel proved faster on the first calls, re-timed now and then (`VariantChooser`); in a child forked after GNU
-OpenMP ran parallel kernels, the serial one always."""
+OpenMP ran parallel kernels, the serial one always. And whether a whole call may use the other cores at all
+(`CallSpread`), chosen the same way. No choice here changes a result: the variants compute the same bits."""
 from __future__ import annotations
 
 import os
+import time
 import weakref
+from typing import Callable
 
 import numba
 
 from jitgrad.kernels.cpu import codegen as cpu
+from jitgrad.cores import on_one_core
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
+SPREAD, ONE_CORE = "spread", "one_core"  # how a call runs: each kernel's choice and the BLAS helper, or serially
 
 
 class VariantChooser:
@@ -27,11 +32,12 @@ class VariantChooser:
     RECHECK_TRIALS = 2  # timed calls of each variant at a re-check
     RECHECK_EVERY = 100  # calls between re-checks
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, options: tuple[str, str] = (PARALLEL, SERIAL)):
+        self.options = options  # the one tried first, then the one kept without timing (small, or forked)
         self.fixed = size < cpu.PARALLEL_MIN_SIZE or _serial_only
-        self.choice: str | None = SERIAL if self.fixed else None
+        self.choice: str | None = options[1] if self.fixed else None
         self.trials = self.TRIALS
-        self.timings: dict[str, list[float]] = {PARALLEL: [], SERIAL: []}
+        self.timings: dict[str, list[float]] = {o: [] for o in options}
         self.calls_since_choice = 0
         _choosers.add(self)
 
@@ -44,8 +50,9 @@ class VariantChooser:
             if self.calls_since_choice <= self.RECHECK_EVERY:
                 return self.choice
             self.choice, self.trials = None, self.RECHECK_TRIALS
-            self.timings = {PARALLEL: [], SERIAL: []}
-        return PARALLEL if len(self.timings[PARALLEL]) <= len(self.timings[SERIAL]) else SERIAL
+            self.timings = {o: [] for o in self.options}
+        first, second = self.options
+        return first if len(self.timings[first]) <= len(self.timings[second]) else second
 
     def keep(self, variant: str) -> None:
         """Use `variant` from now on, without timing (the other one cannot run)."""
@@ -58,6 +65,35 @@ class VariantChooser:
         if all(len(t) >= self.trials for t in self.timings.values()):
             self.choice = min(self.timings, key=lambda v: sorted(self.timings[v])[self.trials // 2])
             self.calls_since_choice = 0
+
+
+class CallSpread:
+    """Whether an executable's calls spread over the cores (each kernel's `VariantChooser`, the BLAS helper for
+    split products) or run on one core (serial kernels, a split product's parts in turn), by timing whole calls
+    as `VariantChooser` times a kernel's variants, once every kernel has chosen. Which is faster changes with
+    the machine: measured on 2 vCPUs, the medium conv net's step took 7.1-8.2 ms spread and 8.5 on one core in
+    some fresh processes, and 11-12.3 ms spread against 8.6-9.0 on one core in others (where every step that
+    used the second core, kernels and BLAS parts alike, ran slower: memory moving between the cores)."""
+
+    def __init__(self, kernels: list[VariantChooser], host_steps: bool):
+        self.kernels = [k for k in kernels if not k.fixed]  # whose first choice the timing waits for
+        self.active = bool(self.kernels) or host_steps
+        self.chooser = VariantChooser(cpu.PARALLEL_MIN_SIZE, (SPREAD, ONE_CORE))  # a size never fixed serial
+
+    def run(self, call: Callable[[], None]) -> None:
+        """Run `call` (one call of the executable's steps) spread or on one core, timing it while choosing."""
+        if not self.active or self.kernels and any(k.choice is None for k in self.kernels):
+            call()
+            return
+        self.kernels = []
+        option = self.chooser.next()
+        on_one_core.on = option == ONE_CORE
+        start = time.perf_counter()
+        try:
+            call()
+        finally:
+            on_one_core.on = False
+        self.chooser.record(option, time.perf_counter() - start)
 
 
 _choosers: "weakref.WeakSet[VariantChooser]" = weakref.WeakSet()
@@ -76,7 +112,7 @@ def _pin_serial_after_fork() -> None:
     if unsafe:
         _serial_only = True
         for chooser in list(_choosers):
-            chooser.keep(SERIAL)
+            chooser.keep(chooser.options[1])
 
 
 if hasattr(os, "register_at_fork"):
