@@ -1,19 +1,22 @@
 """Reused output arrays of kernel call sites, bounded in bytes across the process.
 
-An executable plans its outputs into bins once (`BufferPool.plan`): outputs whose lifetimes in a call do not
-overlap share a bin, whatever their shape, size or dtype, so its pool holds about what one call has live at
-once. A call writes into a bin's array only when its reference count shows that the pool is its sole owner: an
-array the user kept (or any view of it, or a saved residual, or a value the call still reads) is never
-overwritten; a new array is allocated instead. Reuse spares large calls the page faults of fresh allocations.
-All pools together hold at most `JITGRAD_BUFFER_POOL_MB` megabytes (default 256); past that, the least recently
-used pools let their arrays go. Whether reference counts can tell sole ownership is checked once on the running
-interpreter; where they cannot, nothing is pooled.
+An executable plans its outputs once (`BufferPool.plan`). The values that die within a call get places in one
+arena (`place`): values live at a common step never share a byte, so the arena holds about the most bytes a call
+has live at once (values of any shape, size or dtype pack around each other; bins that each hold one value at a
+time would be as large as their largest value). An output the caller keeps (a result, a residual) gets arrays of
+its own. Each value is handed out as a view of its own array over the arena (`_region`: numpy's views of it have it
+as their `base`), and a call writes into it only when the reference counts of every array over its bytes show
+that the pool is their sole owner: an array the user kept (or any view of it, or a saved residual, or a value the
+call still reads) is never overwritten; a new array is allocated instead. Reuse spares large calls the page faults
+of fresh allocations. All pools together hold at most `JITGRAD_BUFFER_POOL_MB` megabytes (default 256); past
+that, the least recently used pools let their arrays go. Whether reference counts can tell sole ownership is
+checked once on the running interpreter; where they cannot, nothing is pooled.
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import os
+import random
 import sys
 import threading
 import weakref
@@ -24,24 +27,43 @@ import numpy as np
 
 DEFAULT_POOL_MB = 256.0
 MIN_BYTES = 1 << 16  # smaller outputs are allocated afresh: cheaper than the bookkeeping
-DEPTH = 2  # arrays per bin: `loss, grads = f.value_and_grad(...)` in a loop keeps the last results alive
-_SOLE_OWNER = 3  # the pool's list, the local name, and getrefcount's own argument
+DEPTH = 2  # arrays per kept output: `loss, grads = f.value_and_grad(...)` in a loop keeps the last results alive
+ALIGN = 64  # bytes: each value in the arena starts on a cache line
+SEARCH_WORK = 20_000  # pairs of values live together `place` may visit in orders beyond the first (about 5 ms)
+_SOLE_OWNER = 3  # the pool's list, `_held_elsewhere`'s local name, and getrefcount's own argument
 
 log = logging.getLogger("jitgrad.runtime")
 
 
+def _held_elsewhere(arrays: list[np.ndarray], i: int) -> bool:
+    """Does anyone but the list `arrays` hold `arrays[i]`, or a view of it (reference counts)?"""
+    buf = arrays[i]
+    return sys.getrefcount(buf) != _SOLE_OWNER
+
+
+def _region(memory: memoryview, offset: int, dtype: np.dtype, count: int) -> np.ndarray:
+    """An array of `count` elements over `memory` from `offset`. Its base is the memoryview, not an array, so
+    numpy does not collapse the base of views of it past it: they keep it, and its reference count, alive."""
+    return np.frombuffer(memory, dtype, count, offset)
+
+
 def _sole_ownership_is_visible() -> bool:
-    """Does `sys.getrefcount` in `BufferPool.take`'s loop tell a buffer nobody else holds from one
-    that is held (by a name, or by a view)? Interpreters differ in how they count borrowed references."""
-    pool = [np.empty(4)]
-    free = [sys.getrefcount(buf) == _SOLE_OWNER for buf in pool]
-    held = pool[0]
-    named = [sys.getrefcount(buf) == _SOLE_OWNER for buf in pool]
-    del held
-    view = pool[0][1:]
-    viewed = [sys.getrefcount(buf) == _SOLE_OWNER for buf in pool]
-    del view
-    return free == [True] and named == [False] and viewed == [False]
+    """Does `_held_elsewhere` tell an array nobody else holds from one that is held (by a name, by a view, by a
+    view of a view), for arrays of their own and arrays over an arena? Interpreters differ in how they count
+    borrowed references."""
+    arena = np.empty(64, np.uint8)
+    arrays = [np.empty(4), _region(memoryview(arena), 32, np.dtype(np.float64), 4)]
+    found = []
+    for i in range(len(arrays)):
+        free = _held_elsewhere(arrays, i)
+        named = arrays[i]
+        held = _held_elsewhere(arrays, i)
+        del named
+        view = arrays[i][1:].reshape(3, 1)[1:]
+        viewed = _held_elsewhere(arrays, i)
+        del view
+        found.append((free, held, viewed, _held_elsewhere(arrays, i)))
+    return found == [(False, True, True, False)] * 2
 
 
 def pool_limit_bytes() -> int:
@@ -126,72 +148,105 @@ class _Budget:
 budget = _Budget()
 
 
+class _Arena:
+    """The memory of a pool's values that die within a call: an array per value over it (`_region`), and which
+    of them were handed out since a reference count last showed them free (a bit per value)."""
+
+    def __init__(self, nbytes: int, homes: Sequence[tuple[np.dtype, int, int | None]]):
+        memory = np.empty(nbytes + ALIGN, np.uint8)
+        start = -memory.ctypes.data % ALIGN
+        view = memoryview(memory)[start:start + nbytes]
+        self.regions = [_region(view, offset, dtype, count) for dtype, count, offset in homes if offset is not None]
+        self.nbytes = memory.nbytes
+        self.lent = 0
+
+
 class BufferPool:
-    """The output arrays of one program's call sites, planned once per program (`plan`): each output of
-    MIN_BYTES or more gets a bin, and outputs whose lifetimes in a call do not overlap share one, whatever their
-    shape, size or dtype (a bin is as large as its largest value; a smaller value is a view of its first bytes),
-    so the pool holds about what a call has live at once. An output the caller keeps (a result, a residual) has a
-    bin of its own. A bin keeps at most DEPTH arrays: a take finds one nobody else holds (reference counts) or
-    allocates another, so a value still referenced (a result kept from the last call, a view of it) is never
-    overwritten even where the plan's lifetimes are wrong."""
+    """The output arrays of one program's call sites, planned once per program (`plan`): each output of MIN_BYTES
+    or more gets a home. An output that dies within the call has its place in the pool's arena, shared over time
+    with values never live at a step with it (`place`); an output the caller keeps has up to DEPTH arrays of its
+    own. A take hands out a value's array only when no array over the same bytes is held elsewhere (reference
+    counts), else allocates a new one, so a value still referenced (a result kept from the last call, a view of
+    it) is never overwritten even where the plan's lifetimes are wrong."""
 
     def __init__(self) -> None:
-        self.sizes: list[int] = []  # per bin: the elements of its arrays
-        self.dtypes: list[np.dtype] = []  # per bin: the dtype of its arrays (its largest value's)
-        self.held: list[list[np.ndarray]] = []
+        self.homes: list[tuple[np.dtype, int, int | None]] = []  # per home: dtype, elements, offset in the arena
+        self.overlaps: list[int] = []  # per home in the arena (they come first): a bit for each home on its bytes
+        self.arena_bytes = 0
+        self.arena: _Arena | None = None  # made by the first take that needs it
+        self.held: list[list[np.ndarray]] = []  # per home of its own (after the arena's): its arrays
         self.lock = threading.Lock()
 
     def site(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]) -> "OutputBuffers":
-        """The outputs of one call site, taken from this pool once `plan` has given them bins."""
+        """The outputs of one call site, taken from this pool once `plan` has given them homes."""
         return OutputBuffers(self, shapes, dtypes)
 
     def plan(self, steps: Sequence[tuple[Sequence[int], Sequence[int], "OutputBuffers | None", bool]],
              released: Sequence[Sequence[int]], kept: Sequence[int]) -> None:
-        """Give every pooled output a bin. `steps`: per step its input and output slots, the site of its pooled
+        """Give every pooled output a home. `steps`: per step its input and output slots, the site of its pooled
         outputs (None if it has none) and whether its outputs may be views of its inputs (a host view); `released`:
         per step the slots dropped after it (`kernels.slots.release_after`); `kept`: slots that outlive the call."""
         lifetimes, where = plan_lifetimes(steps, released, kept)
-        bins, sizes = assign_bins([lifetimes[r] for r in where])
-        self.sizes, self.dtypes, self.held = [0] * len(sizes), [np.dtype(np.uint8)] * len(sizes), []
-        for (site, j), b in zip(where.values(), bins):
-            if site.nbytes[j] == sizes[b] and self.sizes[b] == 0:
-                self.sizes[b], self.dtypes[b] = site.keys[j][0], site.dtypes[j]
-        for b, nbytes in enumerate(sizes):
-            if self.sizes[b] == 0:  # only reached through another dtype's larger value: bytes
-                self.sizes[b] = nbytes
-        self.held = [[] for _ in sizes]
-        for (site, j), b in zip(where.values(), bins):
-            site.bins[j] = b
-            site.modes[j] = (0 if site.keys[j][0] == self.sizes[b] else 1) if site.dtypes[j] == self.dtypes[b] else 2
+        dying = [r for r in where if lifetimes[r][2] is not None]
+        offsets, self.arena_bytes = place([lifetimes[r] for r in dying])  # type: ignore[arg-type]
+        outliving = [r for r in where if lifetimes[r][2] is None]
+        self.homes = [(where[r][0].dtypes[where[r][1]], where[r][0].counts[where[r][1]], offset)
+                      for r, offset in zip(dying + outliving, [*offsets, *[None] * len(outliving)])]
+        self.overlaps = _overlaps(offsets, [offset + lifetimes[r][0] for r, offset in zip(dying, offsets)])
+        self.arena, self.held = None, [[] for _ in self.homes]
+        for home, r in enumerate(dying + outliving):
+            site, j = where[r]
+            site.homes[j] = home
 
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays this pool holds."""
-        return sum(len(arrays) * size * dt.itemsize for arrays, size, dt in zip(self.held, self.sizes, self.dtypes))
+        arena = self.arena
+        return (arena.nbytes if arena is not None else 0) + sum(a.nbytes for arrays in self.held for a in arrays)
 
-    def take(self, b: int, mode: int, size: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """An array of `shape` over a free array of bin `b`, or over a new one (kept if the bin has room)."""
+    def take(self, home: int, shape: tuple[int, ...]) -> np.ndarray:
+        """An array of `shape` over `home`'s array, or over a new one if anyone else may hold its bytes."""
         with self.lock:
-            arrays = self.held[b]
-            for buf in arrays:
-                if sys.getrefcount(buf) == _SOLE_OWNER:  # views of it count: their `base` is this array
-                    break
-            else:
-                buf = np.empty(self.sizes[b], self.dtypes[b])
-                nbytes = buf.nbytes
-                if len(arrays) == DEPTH:
-                    arrays.pop(0)  # the oldest is someone else's now; the pool forgets it
-                    budget.returned(self, nbytes)
-                if budget.reserve(self, nbytes):
-                    arrays.append(buf)
-        if mode == 0:
-            return buf.reshape(shape)
-        return buf[:size].reshape(shape) if mode == 1 else np.ndarray(shape, dtype, buf)
+            buf = self._from_arena(home) if home < len(self.overlaps) else self._own(home)
+        return buf.reshape(shape)
+
+    def _from_arena(self, home: int) -> np.ndarray:
+        """`home`'s array over the arena if no array over any of its bytes is held elsewhere. An array is held
+        elsewhere only if a take handed it out since its count last showed it free (its bit in `lent`)."""
+        arena = self.arena
+        if arena is None:
+            if not budget.reserve(self, self.arena_bytes + ALIGN):
+                return np.empty(self.homes[home][1], self.homes[home][0])
+            arena = self.arena = _Arena(self.arena_bytes, self.homes)
+        lent = arena.lent & self.overlaps[home]
+        while lent:
+            bit = lent & -lent
+            if _held_elsewhere(arena.regions, bit.bit_length() - 1):
+                return np.empty(self.homes[home][1], self.homes[home][0])
+            arena.lent ^= bit
+            lent ^= bit
+        arena.lent |= 1 << home
+        return arena.regions[home]
+
+    def _own(self, home: int) -> np.ndarray:
+        """A free array of `home`'s own, or a new one (kept if the home has room: the oldest is dropped)."""
+        arrays = self.held[home]
+        for i in range(len(arrays)):
+            if not _held_elsewhere(arrays, i):
+                return arrays[i]
+        dtype, count, _ = self.homes[home]
+        buf = np.empty(count, dtype)
+        if len(arrays) == DEPTH:
+            arrays.pop(0)  # the oldest is someone else's now; the pool forgets it
+            budget.returned(self, buf.nbytes)
+        if budget.reserve(self, buf.nbytes):
+            arrays.append(buf)
+        return buf
 
     def drop(self) -> None:
-        """Let every held array go (the budget has stopped counting them). Swapping the list needs no lock: a
-        take running meanwhile works on the old lists, whose arrays are then simply not reused."""
-        self.held = [[] for _ in self.sizes]
+        """Let every held array go (the budget has stopped counting them). Swapping the references needs no lock:
+        a take running meanwhile works on the old arena and lists, whose arrays are then simply not reused."""
+        self.arena, self.held = None, [[] for _ in self.homes]
 
 
 def plan_lifetimes(steps: Sequence[tuple[Sequence[int], Sequence[int], "OutputBuffers | None", bool]],
@@ -227,53 +282,102 @@ def plan_lifetimes(steps: Sequence[tuple[Sequence[int], Sequence[int], "OutputBu
     return {r: (where[r][0].nbytes[where[r][1]], born[r], last[r]) for r in where}, where
 
 
-def assign_bins(values: Sequence[tuple[int, int, int | None]]) -> tuple[list[int], list[int]]:
-    """Per value (bytes, first step, last step or None: it outlives the call), a bin, and each bin's bytes.
-    Largest first (longest lived first among equals), a value joins the smallest bin none of whose values is live
-    at any of its steps, else opens a bin of its size (so a bin is as large as its first value); a value that
-    outlives the call has a bin of its own."""
-    sizes: list[int] = []
-    spans: list[list[tuple[int, int]]] = []  # per bin: the (first, last) steps of its values, sorted
-    bins = [0] * len(values)
-    for v in sorted(range(len(values)), key=lambda v: (-values[v][0], values[v][1] - (values[v][2] or 1 << 62))):
-        nbytes, first, last = values[v]
-        span = (first, last) if last is not None else None
-        chosen = None
-        for b in sorted(range(len(sizes)), key=sizes.__getitem__) if span is not None else ():
-            taken = spans[b]
-            k = bisect.bisect_left(taken, span)
-            if (k == 0 or taken[k - 1][1] < first) and (k == len(taken) or taken[k][0] > span[1]):
-                chosen = b
+def live_peak(values: Sequence[tuple[int, int, int]]) -> int:
+    """The most bytes live at one step among values (bytes, first step, last step): no arena holds less."""
+    changes = sorted([(first, nbytes) for nbytes, first, _ in values]
+                     + [(last + 1, -nbytes) for nbytes, _, last in values])
+    live = peak = 0
+    for _, change in changes:  # at a step, the values ending before it (negative) go first
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+def place(values: Sequence[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """Offsets in one arena of values (bytes, first step, last step) such that values live at a common step share
+    no byte, each a multiple of ALIGN, and the arena's bytes. Largest first (earliest first among equals), each
+    value takes the tightest gap it fits among the values live with it that are placed, or the offset above them
+    all. While the arena is larger than `live_peak` (the least any placement needs) and SEARCH_WORK allows, other
+    orders drawn by a generator of fixed seed are tried and the smallest arena kept: the same values always get
+    the same offsets, and never a larger arena than the first order's."""
+    sizes = [-(-nbytes // ALIGN) * ALIGN for nbytes, _, _ in values]
+    spans = [(first, last) for _, first, last in values]
+    together = _live_together(spans)
+    order = sorted(range(len(values)), key=lambda v: (-sizes[v], spans[v]))
+    best = _place_in_order(sizes, together, order)
+    floor = live_peak([(n, first, last) for n, (first, last) in zip(sizes, spans)])
+    shuffle = random.Random(0).shuffle
+    for _ in range(SEARCH_WORK // max(1, sum(map(len, together)))):
+        if best[1] <= floor:
+            break
+        shuffle(order)
+        found = _place_in_order(sizes, together, order)
+        if found[1] < best[1]:
+            best = found
+    return best
+
+
+def _live_together(spans: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """Per value (first step, last step), the other values live at one of its steps."""
+    by_first = sorted(range(len(spans)), key=spans.__getitem__)
+    together: list[list[int]] = [[] for _ in spans]
+    for k, v in enumerate(by_first):
+        for u in by_first[k + 1:]:
+            if spans[u][0] > spans[v][1]:  # and so do the later ones
                 break
-        if chosen is None:
-            chosen = len(sizes)
-            sizes.append(nbytes)
-            spans.append([(-1, 1 << 62)] if span is None else [])
-        if span is not None:
-            bisect.insort(spans[chosen], span)
-        bins[v] = chosen
-    return bins, sizes
+            together[v].append(u)
+            together[u].append(v)
+    return together
+
+
+def _place_in_order(sizes: Sequence[int], together: Sequence[Sequence[int]], order: Sequence[int]
+                    ) -> tuple[list[int], int]:
+    """`place`'s offsets and arena bytes when values are placed in `order`."""
+    offsets: list[int | None] = [None] * len(sizes)
+    top = 0
+    for v in order:
+        taken = sorted((at, at + sizes[u]) for u in together[v] for at in [offsets[u]] if at is not None)
+        free, tightest = 0, None  # the lowest free offset so far; the (gap, offset) that fits most tightly
+        for start, end in taken:
+            if start - free >= sizes[v] and (tightest is None or start - free < tightest[0]):
+                tightest = (start - free, free)
+            free = max(free, end)
+        offsets[v] = at = free if tightest is None else tightest[1]
+        top = max(top, at + sizes[v])
+    return offsets, top  # type: ignore[return-value]
+
+
+def _overlaps(offsets: Sequence[int], ends: Sequence[int]) -> list[int]:
+    """Per value placed at offsets[v]:ends[v], a bit for each value sharing a byte with it (itself included)."""
+    masks = [1 << v for v in range(len(offsets))]
+    by_start = sorted(range(len(offsets)), key=offsets.__getitem__)
+    for k, v in enumerate(by_start):
+        for u in by_start[k + 1:]:
+            if offsets[u] >= ends[v]:
+                break
+            masks[v] |= 1 << u
+            masks[u] |= 1 << v
+    return masks
 
 
 class OutputBuffers:
-    """The output arrays of one kernel call site: small ones allocated afresh, the others from their pool's bins."""
+    """The output arrays of one kernel call site: small ones allocated afresh, the others from their pool's homes."""
 
     def __init__(self, pool: BufferPool, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype]):
         self.pool = pool
         self.shapes = [tuple(s) for s in shapes]
         self.dtypes = [np.dtype(d) for d in dtypes]
-        self.keys = [(int(np.prod(s, dtype=np.int64)), d.str) for s, d in zip(self.shapes, self.dtypes)]
-        self.nbytes = [size * d.itemsize for (size, _), d in zip(self.keys, self.dtypes)]
+        self.counts = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        self.nbytes = [count * d.itemsize for count, d in zip(self.counts, self.dtypes)]
         self.small = [n < MIN_BYTES or not POOLING for n in self.nbytes]
         self.pooled = not all(self.small)
-        self.bins: list[int | None] = [None] * len(shapes)  # set by `BufferPool.plan`
-        self.modes = [0] * len(shapes)  # 0: the bin's array reshaped; 1: its first elements; 2: its bytes as dtype
+        self.homes: list[int | None] = [None] * len(shapes)  # set by `BufferPool.plan`
 
     def take(self) -> list[np.ndarray]:
         if not self.pooled:
             return [np.empty(s, d) for s, d in zip(self.shapes, self.dtypes)]
-        return [np.empty(s, d) if b is None else self.pool.take(b, mode, key[0], d, s)
-                for s, d, key, b, mode in zip(self.shapes, self.dtypes, self.keys, self.bins, self.modes)]
+        return [np.empty(s, d) if home is None else self.pool.take(home, s)
+                for s, d, home in zip(self.shapes, self.dtypes, self.homes)]
 
 
 def outputs_to_copy(output_slots: Sequence[int], fresh: set[int]) -> list[bool]:

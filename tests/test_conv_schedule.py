@@ -165,12 +165,13 @@ def _pool_bytes(inputs) -> tuple[int, int]:
 
 
 def test_the_conv_nets_pool_holds_less(monkeypatch) -> None:
-    """The bench's medium conv net (B32 3->16->32 32x32, here without its linear layer): 11.3 MB pooled and a
-    simulated peak of 9.2 MB, against 14.8 and 14.8 MB without the rewrites above."""
+    """The bench's medium conv net (B32 3->16->32 32x32, here without its linear layer): 9.2 MB pooled (its
+    arena packed to the values live at once) and a simulated peak of 9.2 MB, against 14.8 and 14.8 MB without
+    the rewrites above."""
     inputs = _inputs(32, 32, 16, 32)
     pooled, peak = _pool_bytes(inputs)
     monkeypatch.setattr(simplify, "sink_reshapes", lambda graph: graph)
     monkeypatch.setattr(remat, "recopy", lambda program, regroup: program)
     plain_pooled, plain_peak = _pool_bytes(inputs)
-    assert pooled <= 11_500_000 and pooled <= 0.8 * plain_pooled, (pooled, plain_pooled)
+    assert pooled <= 9_500_000 and pooled <= 0.8 * plain_pooled, (pooled, plain_pooled)
     assert peak <= 0.7 * plain_peak, (peak, plain_peak)
