@@ -119,13 +119,43 @@ def finite_differences(spec, args: list[np.ndarray], tangents: dict[int, np.ndar
     return [(u - d) / (2 * FD_EPS) for u, d in zip(at(1.0), at(-1.0))]
 
 
+def draw_tangents(spec, args: list[np.ndarray], rng: np.random.Generator) -> dict[int, np.ndarray]:
+    """A standard normal tangent per float argument, in its dtype; symmetric ones for the SYMMETRIC rows."""
+    tangents = {k: rng.standard_normal(a.shape).astype(a.dtype) for k, a in enumerate(args) if a.dtype.kind == "f"}
+    if spec.name in SYMMETRIC:
+        tangents = {k: (t + np.swapaxes(t, -1, -2)) / 2 for k, t in tangents.items()}
+    return tangents
+
+
+def expected_tangents(spec, args: list[np.ndarray], tangents: dict[int, np.ndarray], params: dict, dtype: Any,
+                      float_shapes: list[tuple]) -> tuple[list[np.ndarray], dict, str]:
+    """The tangents of the row's float outputs (of `float_shapes`) that jitgrad's must match, their tolerance (for
+    arguments of `dtype`) and the oracle's name: torch's jvp of the row's torch function, else central differences
+    of its numpy reference."""
+    assert (spec.torch_fn is None) == (spec.name in FD_ONLY), spec.name  # a new row without torch: decide here
+    fd_tol = FD_TOL if dtype == np.float64 else JVP_TOL[dtype]
+    if spec.name in FD_ONLY:
+        want = finite_differences(spec, args, tangents, params)
+        if spec.name == "svd_vectors" and params["full_matrices"]:
+            # U's and Vh's vectors past min(m, n) are any basis of the complement, whose cotangent reverse mode
+            # ignores (docs/ops.md, as torch): their tangent, its transpose, is zero
+            k = min(args[0].shape[-2:])
+            want[0][..., k:], want[2][..., k:, :] = 0.0, 0.0
+        return want, fd_tol, "finite differences"
+    want = torch_jvp(spec, args, tangents, params)
+    assert len(want) == len(float_shapes), spec.name
+    if [np.shape(w) for w in want] != list(float_shapes):
+        # the row's torch function is no oracle for this draw (t_diff joins prepend/append where numpy's diff
+        # with n=0 returns x as it is): central differences of the numpy reference instead
+        return finite_differences(spec, args, tangents, params), fd_tol, "finite differences"
+    return want, LOOSER.get(spec.name, JVP_TOL[dtype]) if dtype == np.float64 else JVP_TOL[dtype], "torch"
+
+
 def check_jvp(spec, d, compiled: bool = False) -> None:
     """jg.jvp of the row on draw `d`: traced and run by the interpreter, or on arrays (compiled) if `compiled`."""
     args, params, rng = inputs(spec, d)
     floats = [k for k, a in enumerate(args) if a.dtype.kind == "f"]
-    tangents = {k: rng.standard_normal(args[k].shape).astype(args[k].dtype) for k in floats}
-    if spec.name in SYMMETRIC:
-        tangents = {k: (t + np.swapaxes(t, -1, -2)) / 2 for k, t in tangents.items()}
+    tangents = draw_tangents(spec, args, rng)
     n = len(args)
     with quiet():
         try:
@@ -166,25 +196,8 @@ def check_jvp(spec, d, compiled: bool = False) -> None:
         assert t.shape == e.shape and t.dtype == e.dtype, (spec.name, t.shape, t.dtype, e.shape, e.dtype)
     if not floats or not float_outs:
         return
-    assert (spec.torch_fn is None) == (spec.name in FD_ONLY), spec.name  # a new row without torch: decide here
-    fd_tol = FD_TOL if d.dtype == np.float64 else JVP_TOL[d.dtype]
-    if spec.name in FD_ONLY:
-        want, tol, oracle = finite_differences(spec, args, tangents, params), fd_tol, "finite differences"
-        if spec.name == "svd_vectors" and params["full_matrices"]:
-            # U's and Vh's vectors past min(m, n) are any basis of the complement, whose cotangent reverse mode
-            # ignores (docs/ops.md, as torch): their tangent, its transpose, is zero
-            k = min(args[0].shape[-2:])
-            want[0][..., k:], want[2][..., k:, :] = 0.0, 0.0
-    else:
-        want = torch_jvp(spec, args, tangents, params)
-        tol, oracle = JVP_TOL[d.dtype], "torch"
-        if d.dtype == np.float64:
-            tol = LOOSER.get(spec.name, tol)
+    want, tol, oracle = expected_tangents(spec, args, tangents, params, d.dtype, [e.shape for e in float_outs])
     assert len(want) == len(tangent_outs), spec.name
-    if [np.shape(w) for w in want] != [e.shape for e in float_outs]:
-        # the row's torch function is no oracle for this draw (t_diff joins prepend/append where numpy's diff
-        # with n=0 returns x as it is): central differences of the numpy reference instead
-        want, tol, oracle = finite_differences(spec, args, tangents, params), fd_tol, "finite differences"
     for j, (t, w) in enumerate(zip(tangent_outs, want)):
         np.testing.assert_allclose(t, w, **tol, err_msg=f"{spec.name}: tangent of output {j} against {oracle}")
 
