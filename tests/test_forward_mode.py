@@ -56,6 +56,36 @@ def test_jvp_on_pytrees_with_an_integer_leaf_and_float0() -> None:
     np.testing.assert_allclose(tangent_out["y"], expected, rtol=1e-12)
 
 
+def test_a_float0_tangent_comes_out_of_traced_functions_vmap_and_nested_jvp() -> None:
+    """An integer output's float0 tangent is no graph value: traced functions, vmap (the batch axis inserted where
+    out_axes says) and a jvp of a function returning one give float0 zeros of the right shape, as on arrays."""
+    rng = np.random.default_rng(5)
+    x, t = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+
+    def arg_and_tangent(x, t):
+        return jg.jvp(lambda y: np.argmax(y, -1), (x,), (t,))
+
+    on_arrays = arg_and_tangent(x, t)
+    traced = jg.trace(arg_and_tangent)
+    for got in [traced(x, t), traced(x, t)]:  # the repeat call builds the result from the plan's structure
+        np.testing.assert_array_equal(got[0], on_arrays[0])
+        assert got[1].dtype == jg.float0 and got[1].shape == (3,)
+    batched = jg.vmap(arg_and_tangent, out_axes=(0, -1))(x, t)
+    assert batched[1].dtype == jg.float0 and batched[1].shape == (3,)
+    cube = np.stack([x, x + 1])
+    (index, tangent) = jg.trace(jg.vmap(arg_and_tangent, in_axes=(2, None)))(cube.transpose(1, 2, 0), t)
+    np.testing.assert_array_equal(index, np.argmax(cube, -1))
+    assert tangent.dtype == jg.float0 and tangent.shape == (2, 3)
+
+    def count_and_total(x):
+        return np.sum(x), np.zeros(x.shape, jg.float0)
+
+    for jvp in [jg.jvp, jg.trace(lambda x, t: jg.jvp(count_and_total, (x,), (t,)))]:
+        (total, zeros), (d_total, d_zeros) = jvp(count_and_total, (x,), (t,)) if jvp is jg.jvp else jvp(x, t)
+        np.testing.assert_allclose(d_total, np.sum(t), rtol=1e-12)
+        assert zeros.dtype == d_zeros.dtype == jg.float0 and d_zeros.shape == x.shape
+
+
 def test_linearize_and_custom_functions() -> None:
     out, f_jvp = jg.linearize(lambda x: Sigmoid.apply(x) * x, X)
     s = 1 / (1 + np.exp(-X))

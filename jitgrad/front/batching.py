@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import optree
 
 from jitgrad.tracing import lax as L
@@ -138,8 +139,15 @@ def _batched(fn: Callable[..., Any], args: Sequence[Any], in_axes: Any, out_axes
                                               for a, d in zip(flat.avals, dims)], flat.structures)
     traced = trace_nested(fn, per_example)
     found = batch_inline(traced.graph, flat.leaves + traced.outer, dims + [None] * len(traced.outer), size)
-    placed, outs = [], trees.unflatten_output(traced.tree, [0] * len(found))
-    for k, ((value, d), a) in enumerate(zip(found, _leaf_axes(out_axes, outs, "out_axes", name))):
+    placed, outs, values = [], trees.unflatten_output(traced.tree, [0] * len(found)), iter(found)
+    leaves, structure = trees.tree_flatten(outs)  # float0 outputs are leaves here (zeros: no value of the graph)
+    for k, (leaf, a) in enumerate(zip(leaves, _leaf_axes(out_axes, outs, "out_axes", name))):
+        if trees.is_float0(leaf):
+            shape = leaf.shape if a is _NONE else _with_axis(leaf.shape, _axis(a, leaf.ndim + 1, name,
+                                                                                f"output leaf {k}"), size)
+            placed.append(np.zeros(shape, trees.float0))
+            continue
+        value, d = next(values)
         if a is _NONE:
             if d is not None:
                 raise InputError(f"{name}: out_axes is None for output leaf {k}, but it depends on the batched "
@@ -148,7 +156,11 @@ def _batched(fn: Callable[..., Any], args: Sequence[Any], in_axes: Any, out_axes
             continue
         ndim = L.aval(value).ndim + (d is None)
         placed.append(Batch(size).move(value, d, _axis(a, ndim, name, f"output leaf {k}")))
-    return trees.unflatten_output(traced.tree, placed)
+    return trees.tree_unflatten(structure, placed)
+
+
+def _with_axis(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]:
+    return shape[:axis] + (size,) + shape[axis:]
 
 
 def vmap(fn: Callable[..., Any], in_axes: Any = 0, out_axes: Any = 0, axis_size: int | None = None

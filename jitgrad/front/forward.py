@@ -25,7 +25,7 @@ from jitgrad.tracebacks import api_boundary
 from jitgrad.tracing.tracer import Builder, Tracer, building
 from jitgrad.front.transforms import FlatArguments, argument_positions, function_name, is_tracing, trace_nested
 
-float0 = np.dtype([("float0", np.void, 0)])  # JAX's dtype of the tangent of an integer or bool value
+float0 = trees.float0  # JAX's dtype of the tangent of an integer or bool value
 MAX_BASIS = 256  # basis vectors a Jacobian inside a trace unrolls (input elements for jacfwd, output for jacrev)
 _PROGRAMS: "OrderedDict[tuple[Any, str], Traced]" = OrderedDict()  # jvp's compiled programs, by function
 _MAX_PROGRAMS = 64
@@ -115,8 +115,9 @@ def _jvp_program(fn: Callable[..., Any]) -> Traced:
 
 
 def _with_float0(out: Any, tangent_leaves: Sequence[Any]) -> Any:
-    """The output tangents in the output's structure: float0 zeros where an output is not float."""
-    leaves, structure = trees.tree_flatten(out)
+    """The output tangents in the output's structure: float0 zeros where an output is not float (and where it is
+    float0 itself)."""
+    leaves, structure = trees.flatten_output(out)
     return trees.tree_unflatten(structure, [np.zeros(np.shape(o), float0) if t is None else t
                                             for o, t in zip(leaves, tangent_leaves)])
 

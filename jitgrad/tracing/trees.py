@@ -22,6 +22,7 @@ from jitgrad.tracing.tracer import Tracer
 
 NAMESPACE = "jitgrad"
 TreeDef = optree.PyTreeSpec
+float0 = np.dtype([("float0", np.void, 0)])  # JAX's dtype of the tangent of an integer or bool value
 DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}  # each `register_dataclass` class: its fields, its children's order
 
 
@@ -73,9 +74,26 @@ def register_dataclass(cls: type) -> type:
     return cls
 
 
+class _Float0Zeros:
+    """A float0 array in a traced function's result (the tangent of an integer or bool value): it holds no data,
+    so it is part of the result's structure, not a leaf, and comes back as zeros of its shape."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+
+register_pytree_node(_Float0Zeros, lambda z: ((), z.shape), lambda shape, _: np.zeros(shape, float0))
+
+
+def is_float0(leaf: Any) -> bool:
+    """Is `leaf` an array of dtype float0 (no data: a tangent of an integer or bool value)?"""
+    return isinstance(leaf, np.ndarray) and leaf.dtype == float0
+
+
 def flatten_output(result: Any) -> tuple[list[Any], TreeDef]:
-    """Flatten what a traced function returned: a tree whose leaves are arrays or numbers."""
-    leaves, treedef = tree_flatten(result)
+    """Flatten what a traced function returned: a tree whose leaves are arrays or numbers (float0 arrays become
+    part of its structure, rebuilt as zeros of their shape)."""
+    leaves, treedef = tree_flatten(tree_map(lambda x: _Float0Zeros(x.shape) if is_float0(x) else x, result))
     if result is None:
         raise TraceError("the traced function returned None; it must return an array or a tree (tuple, list, "
                          "dict...) of arrays")
