@@ -31,7 +31,7 @@ from jitgrad.ir.primitive import PRIMITIVES, Offset, Param, Primitive
 from jitgrad.passes import autodiff, loops
 from jitgrad.runtime import graph_keys
 
-FORMAT = "program-pickle-2"
+FORMAT = "program-pickle-3"
 T = TypeVar("T")
 R = TypeVar("R")
 log = logging.getLogger("jitgrad.cache")
@@ -83,7 +83,7 @@ def _allowed(obj: Any) -> bool:
         return obj in _CLASS_SET or issubclass(obj, (np.generic, np.dtype, np.ndarray)) or obj in _BUILTINS
     if callable(obj) and not isinstance(obj, (np.generic, np.dtype, np.ndarray)):
         named = (getattr(obj, "__module__", None), getattr(obj, "__name__", None))
-        return obj is _shared or named in _NUMPY_FUNCTIONS
+        return obj is _shared or obj is _primitive or named in _NUMPY_FUNCTIONS
     return type(obj) in _CLASS_SET or type(obj) in _BUILTINS or obj is Ellipsis or \
         isinstance(obj, (np.ndarray, np.dtype, np.generic))
 
@@ -94,25 +94,31 @@ def _shared(value: Any) -> Any:
     return value
 
 
+def _primitive(name: str) -> Primitive:
+    """The primitive registered as `name`: a program stores each primitive it uses once, by name (the pickle's memo
+    answers every later use, where a persistent id would call back into Python at each of them)."""
+    found = next((p for p in PRIMITIVES.values() if p.name == name), None)  # once per primitive an entry uses
+    if found is None:
+        raise pickle.UnpicklingError(f"no primitive {name!r}")
+    return found
+
+
 class _Pickler(pickle.Pickler):
-    """Primitives by registry name; variables made anew on loading (fresh ids, the same sharing); equal avals and
-    source lines once (`_shared`); anything `_Unpickler` would refuse raises `graph_keys.Undescribed` here, so such
-    a program is not stored."""
+    """Primitives by registry name (`_primitive`); variables made anew on loading (fresh ids, the same sharing);
+    equal avals and source lines once (`_shared`); anything `_Unpickler` would refuse raises
+    `graph_keys.Undescribed` here, so such a program is not stored."""
 
     def __init__(self, file: io.BytesIO):
         super().__init__(file, protocol=5)
         self.records = {id(p) for p in PRIMITIVES.values()}
         self.first: dict[Any, Any] = {}
 
-    def persistent_id(self, obj: Any) -> Any:
+    def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
         if isinstance(obj, Primitive):
             if id(obj) not in self.records:
                 raise graph_keys.Undescribed(f"primitive {obj!r}")
-            return obj.name
-        return None
-
-    def reducer_override(self, obj: Any) -> Any:
-        t = type(obj)
+            return _primitive, (obj.name,)
         if t is ir_graph.Var:
             return ir_graph.Var, (obj.aval,)
         if t is ir_graph.Aval or t is ir_graph.SourceInfo:
@@ -126,16 +132,6 @@ class _Pickler(pickle.Pickler):
 
 class _Unpickler(pickle.Unpickler):
     """Constructs only the IR's and the loop nests' classes, numpy arrays, dtypes and scalars."""
-
-    def __init__(self, file: io.BytesIO):
-        super().__init__(file)
-        self.records = {p.name: p for p in PRIMITIVES.values()}
-
-    def persistent_load(self, pid: Any) -> Any:
-        found = self.records.get(pid) if isinstance(pid, str) else None
-        if found is None:
-            raise pickle.UnpicklingError(f"no primitive {pid!r}")
-        return found
 
     def find_class(self, module: str, name: str) -> Any:
         if module in _MODULES:  # imported already: finding a name there runs nothing

@@ -75,6 +75,7 @@ class Binding:
     accepts: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
+        self._routes: dict[tuple, list[tuple[inspect.Parameter, Any]]] = {}
         numpy_params = self.signature.parameters
         operands = [p.name for p in numpy_params.values() if p.kind is p.POSITIONAL_ONLY]  # passed by position
         own = list(inspect.signature(self.impl).parameters.values())[len(operands):]
@@ -84,17 +85,27 @@ class Binding:
             raise TypeError(f"{self.impl.__qualname__} requires {required}, which {self.name} does not take")
         self.accepts = frozenset(operands) | frozenset(p.name for p in own if p.name in numpy_params)
 
+    def _route(self, shape: tuple) -> list[tuple[inspect.Parameter, Any]]:
+        """Where each bound parameter's value comes from in a call of `shape` (its positional count, then its keyword
+        names): a position, a keyword name, a tuple of positions (*args) or a dict of names (**kwargs). numpy's
+        signature binds by that shape alone, so it is bound once per shape, on placeholders."""
+        found = self._routes.get(shape)
+        if found is None:
+            try:
+                bound = self.signature.bind(*range(shape[0]), **{k: k for k in shape[1:]})
+            except TypeError as exc:
+                raise TraceError(f"{self.name}: {exc}{where_text()}") from None
+            found = self._routes[shape] = [(p, bound.arguments[p.name]) for p in self.signature.parameters.values()
+                                           if p.name in bound.arguments]
+        return found
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TraceError(f"{self.name}: {exc}{where_text()}") from None
         call_args: list[Any] = []
         call_kwargs: dict[str, Any] = {}
-        for p in self.signature.parameters.values():
-            if p.name not in bound.arguments:
-                continue
-            value = bound.arguments[p.name]
+        for p, where in self._route((len(args), *kwargs)):
+            t = type(where)
+            value = (args[where] if t is int else kwargs[where] if t is str else tuple(args[i] for i in where)
+                     if t is tuple else {k: kwargs[k] for k in where})
             if p.name not in self.accepts:
                 self._refuse_unless_default(p, value)
             elif p.kind is p.POSITIONAL_ONLY:

@@ -7,9 +7,6 @@ thread-local stack, so threads trace independently.
 """
 from __future__ import annotations
 
-import linecache
-import os
-import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
@@ -21,30 +18,10 @@ from jitgrad.errors import (CONTROL_FLOW, FORMAT, INDEX, PYTHON_NUMBER, TO_ARRAY
                             UnsupportedError, python_number_advice)
 from jitgrad.ir.graph import Atom, Aval, Eqn, Graph, Literal, SourceInfo, Var
 from jitgrad.ir.primitive import stop_gradient_p
+from jitgrad.tracing.sources import user_source, where_text
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jitgrad/, not this wing
-_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
 SUPPORTED_DTYPES = tuple(np.dtype(d) for d in ("float32", "float64", "int8", "int16", "int32", "int64",
                                                 "uint8", "uint16", "uint32", "uint64", "bool"))
-
-
-def user_source() -> SourceInfo | None:
-    """The innermost stack frame outside jitgrad and numpy: the user's line that made the op."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        raw = frame.f_code.co_filename
-        fname = os.path.abspath(raw)
-        if not (fname.startswith(_PACKAGE_DIR) or fname.startswith(_NUMPY_DIR)
-                or raw.startswith("<frozen") or "contextlib" in fname):
-            line = linecache.getline(fname, frame.f_lineno)
-            return SourceInfo(frame.f_code.co_filename, frame.f_lineno, line)
-        frame = frame.f_back
-    return None
-
-
-def where_text() -> str:
-    src = user_source()
-    return f"\n  at {src}" if src else ""
 
 
 class Builder:

@@ -266,8 +266,10 @@ class CompiledSource:
             self._count_new_overloads(variant)
 
     def ready(self, variant: str, args: list[Any]) -> bool:
-        """Is `variant` compiled (or loaded) for these arguments' types?"""
-        return tuple(numba.typeof(a) for a in args) in self.functions[variant].overloads
+        """Is `variant` compiled (or loaded) for these arguments' types? Not while its dispatcher is not made yet
+        (`_Dispatchers`) or holds no code: such a call neither makes one nor types its arguments."""
+        fn = self.functions.get(variant)
+        return fn is not None and bool(fn.overloads) and tuple(numba.typeof(a) for a in args) in fn.overloads
 
     def compile_in_background(self, variant: str, args: list[Any], urgent: bool = False) -> None:
         """Compile `variant` for these arguments' types in the background (`jitgrad.kernels.build.background`:

@@ -300,8 +300,16 @@ class Executable:
         compile_helper = helper.helper()
         if compile_helper is None:
             return None
-        to_build = [(c, job) for c, signature in guesses
-                    for job in [helper.job_for(c.compiled, SERIAL, signature)] if job is not None]
+        # Per kernel and signature (an unrolled loop's steps share them), keyed by identities: numba's types are
+        # unique objects, and hashing a signature of them costs more than a job does (~1 us an argument).
+        found: dict[tuple, helper.Job | None] = {}
+        to_build: list[tuple[_KernelCall, helper.Job]] = []
+        for c, signature in guesses:
+            key = (id(c.compiled), *map(id, signature))
+            if key not in found:
+                found[key] = helper.job_for(c.compiled, SERIAL, signature)
+            if found[key] is not None:
+                to_build.append((c, found[key]))
         if len({job.key for _, job in to_build}) < helper.MIN_KERNELS:
             return None
         quick = quick_codegen.enabled()

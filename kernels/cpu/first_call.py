@@ -217,9 +217,12 @@ def plan(graph: Graph, variants: tuple[str, str],
          targets: Sequence[tuple[compiler.CompiledSource, tuple]], label: str) -> NumpyFirstCall | None:
     """A numpy first call for an executable whose kernels are `targets`, or None to compile first: the mode
     says so, every kernel is compiled or on disk already (loading is quick), or the graph's work is too large."""
-    distinct = {(id(c), sig): (c, sig) for c, sig in targets}.values()  # an unrolled loop's steps share kernels
-    unbuilt = [c for c, sig in distinct if not any(_built(c, variant, sig) for variant in variants)]
-    if mode() != "numpy" or not unbuilt or work(graph) > MAX_ELEMENTS:
+    if mode() != "numpy":  # first: the checks below look for every kernel on disk
+        return None
+    # An unrolled loop's steps share kernels: each once, keyed by identities (numba's types are unique objects;
+    # hashing a signature of them takes ~1 us an argument).
+    distinct = {(id(c), *map(id, sig)): (c, sig) for c, sig in targets}.values()
+    if all(any(_built(c, variant, sig) for variant in variants) for c, sig in distinct) or work(graph) > MAX_ELEMENTS:
         return None
     return NumpyFirstCall(graph, variants, targets, label)
 

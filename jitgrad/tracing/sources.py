@@ -1,0 +1,43 @@
+"""Where a recorded op came from: the user's line that made it (`user_source`), for equations and error messages."""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+
+import numpy as np
+
+from jitgrad.ir.graph import SourceInfo
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jitgrad/, not this wing
+_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
+_user_files: dict[str, str | None] = {}  # a frame's absolute code file name -> `_user_file` of it, decided once
+
+
+def _user_file(raw: str) -> str | None:
+    """The absolute name of the code file `raw` (a frame's `co_filename`) when it is the user's; None for jitgrad's,
+    numpy's or the import system's. A relative name depends on the working directory: it is decided each time."""
+    if raw in _user_files:
+        return _user_files[raw]
+    fname = os.path.abspath(raw)
+    internal = fname.startswith((_PACKAGE_DIR, _NUMPY_DIR)) or raw.startswith("<frozen") or "contextlib" in fname
+    if os.path.isabs(raw):
+        _user_files[raw] = None if internal else fname
+    return None if internal else fname
+
+
+def user_source() -> SourceInfo | None:
+    """The innermost stack frame outside jitgrad and numpy: the user's line that made the op."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = _user_file(frame.f_code.co_filename)
+        if fname is not None:
+            return SourceInfo(frame.f_code.co_filename, frame.f_lineno, linecache.getline(fname, frame.f_lineno))
+        frame = frame.f_back
+    return None
+
+
+def where_text() -> str:
+    """The user's line for an error message ("at <file>:<line>" on a line of its own), or nothing."""
+    src = user_source()
+    return f"\n  at {src}" if src else ""
