@@ -292,7 +292,7 @@ class ReferenceBackend:
         return np.asarray(g, dtype=aval.dtype)
 
     def stats(self):
-        return {"kernels": 0, "compiles": 0, "disk_loads": 0, "numpy_calls": 0}
+        return {"kernels": 0, "compiles": 0, "disk_loads": 0, "numpy_calls": 0, "one_core_calls": 0}
 
 
 def test_a_backend_registered_in_the_registry_is_used(monkeypatch) -> None:

@@ -67,7 +67,7 @@ def test_a_call_on_one_core_runs_serial_kernels_and_a_split_products_parts_on_it
                                                                                  real(variant, args))[1])
     real_take = blas_threads._helper._take
     monkeypatch.setattr(blas_threads._helper, "_take", lambda job: (helped.append(job), real_take(job))[1])
-    results = {}
+    results, before = {}, f.cache_info()["one_core_calls"]
     for way in (SPREAD, ONE_CORE):
         executable.spread.kernels, executable.spread.chooser.choice = [], way
         executable.spread.chooser.calls_since_choice = 0
@@ -76,7 +76,7 @@ def test_a_call_on_one_core_runs_serial_kernels_and_a_split_products_parts_on_it
         results[way] = f.value_and_grad(w, x, argnums=(0, 1))
         assert ran and (set(ran) == {PARALLEL} if way == SPREAD else PARALLEL not in ran)
         if way == ONE_CORE:
-            assert helped == []
+            assert helped == [] and f.cache_info()["one_core_calls"] == before + 1
     for got in (results[ONE_CORE], first):
         assert got[0] == results[SPREAD][0]
         for g, want in zip(got[1], results[SPREAD][1]):

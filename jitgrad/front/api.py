@@ -313,7 +313,9 @@ class Traced:
         (a miss traces) and `entries`, the plans it holds. Per process, shared by every traced function (kernels
         are shared): `kernels`, kernel sources held; `compiles`, machine code numba built; `disk_loads`, machine
         code loaded from the disk cache instead (a warm process: compiles 0); `numpy_calls`, first calls run on numpy while
-        their kernels compiled (the first-call tier; JITGRAD_FIRST_CALL). A device backend's for its device."""
+        their kernels compiled (the first-call tier; JITGRAD_FIRST_CALL); `one_core_calls`, calls run with every kernel
+        serial and no product split over threads, because that proved faster than spreading them over the cores. A
+        device backend's for its device."""
         return {**self.plans.info(), **self.backend.stats()}
 
 

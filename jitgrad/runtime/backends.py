@@ -58,7 +58,7 @@ class Backend(Protocol):
 
     def stats(self) -> dict[str, int]:
         """Process-wide counters: `kernels` (sources held), `compiles`, `disk_loads`, `numpy_calls` (calls run by
-        numpy while their kernels compiled)."""
+        numpy while their kernels compiled), `one_core_calls` (calls kept on one core)."""
 
 
 def _cuda() -> type[Backend]:

@@ -7,7 +7,7 @@ import numpy as np
 
 from jitgrad.ir.graph import Aval
 from jitgrad.kernels.build import compiler
-from jitgrad.kernels.cpu import first_call
+from jitgrad.kernels.cpu import first_call, variants
 from jitgrad.kernels.cpu.executor import Executable
 from jitgrad.kernels.host import as_array, cotangent_array
 from jitgrad.passes.loops import Program
@@ -40,8 +40,8 @@ class CpuBackend:
         return cotangent_array(g, aval, fname, k)
 
     def stats(self) -> dict[str, int]:
-        """Process-wide: kernel sources loaded, machine-code builds, kernels loaded from the disk cache, and
-        first calls run on numpy while their kernels compiled (`first_call`)."""
+        """Process-wide: kernel sources loaded, machine-code builds, kernels loaded from the disk cache, first
+        calls run on numpy while their kernels compiled (`first_call`), and calls kept on one core (`variants`)."""
         st = compiler.stats()
         return {"kernels": st["sources"], "compiles": st["builds"], "disk_loads": st["disk_hits"],
-                "numpy_calls": first_call.STATS["numpy_calls"]}
+                "numpy_calls": first_call.STATS["numpy_calls"], "one_core_calls": variants.STATS["one_core_calls"]}

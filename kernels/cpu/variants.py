@@ -16,6 +16,7 @@ from jitgrad.cores import on_one_core
 
 PARALLEL, SERIAL = "parallel_kernel", "serial_kernel"  # the two variants of every CPU kernel
 SPREAD, ONE_CORE = "spread", "one_core"  # how a call runs: each kernel's choice and the BLAS helper, or serially
+STATS = {"one_core_calls": 0}  # calls `CallSpread` kept on one core (`cache_info()["one_core_calls"]`)
 
 
 class VariantChooser:
@@ -88,6 +89,8 @@ class CallSpread:
         self.kernels = []
         option = self.chooser.next()
         outer, on_one_core.on = on_one_core.on, option == ONE_CORE
+        if option == ONE_CORE:
+            STATS["one_core_calls"] += 1
         start = time.perf_counter()
         try:
             call()

@@ -61,7 +61,8 @@ class CudaBackend:
         """Process-wide: kernel sources, device compiles; CUDA kernels have no disk cache, and every call runs
         them (no numpy first call)."""
         st = self.runtime.stats()
-        return {"kernels": st["sources"], "compiles": st["device_compiles"], "disk_loads": 0, "numpy_calls": 0}
+        return {"kernels": st["sources"], "compiles": st["device_compiles"], "disk_loads": 0, "numpy_calls": 0,
+                "one_core_calls": 0}
 
 
 def runtime() -> Any:
