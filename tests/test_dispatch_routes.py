@@ -1,9 +1,11 @@
 """A binding maps numpy's arguments to its implementation by the call's shape (`Binding._route`, bound once per
 shape): every shape routes each value where numpy's signature binds it, a call numpy's signature refuses raises
 every time, and a value other than a refused argument's default raises whatever shape came first. Also: the
-user's line of an equation made from code with a relative file name (`sources._user_file`, not remembered)."""
+user's line of an equation made from code with a relative file name (`sources._user_file`, not remembered), and
+one record per user line and text (`sources.user_source`)."""
 from __future__ import annotations
 
+import linecache
 from typing import Any
 
 import numpy as np
@@ -85,3 +87,23 @@ def test_a_relative_code_file_name_gives_the_users_line_and_is_not_remembered() 
     assert {(e.source.filename, e.source.lineno) for e in builder.eqns} == {("relative_user_file.py", 2)}
     assert "relative_user_file.py" not in sources._user_files
     assert sources._user_files[__file__] == __file__  # an absolute one is decided once
+
+
+def test_ops_from_one_line_share_its_record_and_an_edited_line_gets_a_new_one(tmp_path) -> None:
+    """`user_source` keeps one record per file, line number and text: a changed text is a new record."""
+    path = tmp_path / "edited_user_file.py"
+
+    def recorded(body: str) -> list:
+        path.write_text(f"def f(x):\n    {body}\n")
+        linecache.checkcache(str(path))
+        namespace: dict[str, Any] = {"np": np}
+        exec(compile(path.read_text(), str(path), "exec"), namespace)
+        builder = Builder()
+        with building(builder):
+            namespace["f"](builder.new_input(Aval((3,), np.dtype(np.float32), False)))
+        return [e.source for e in builder.eqns]
+
+    first = recorded("return np.exp(np.exp(x))")
+    assert len(first) == 2 and first[0] is first[1] and first[0].line == "    return np.exp(np.exp(x))\n"
+    edited = recorded("return np.tanh(np.tanh(x))")
+    assert edited[0] is edited[1] and edited[0].line == "    return np.tanh(np.tanh(x))\n" != first[0].line

@@ -4,6 +4,7 @@ cold process's bits; anything that changes the traced graph or the recipe is ano
 switched-off entries change nothing but the time. Each case runs in fresh interpreters sharing one cache folder."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -15,6 +16,7 @@ import pytest
 
 import jitgrad as jg
 from jitgrad import cache
+from jitgrad.ir.graph import Aval, Graph, Var
 from jitgrad.runtime import graph_keys, programs
 
 # A tanh-RNN with gates split from one product, unrolled over T = 3, value-and-grad, call and forward/backward;
@@ -209,3 +211,21 @@ def test_a_program_holding_something_else_than_the_ir_is_not_pickled() -> None:
 
     with pytest.raises(graph_keys.Undescribed):
         programs._Pickler(__import__("io").BytesIO()).dump({"step": Other()})
+
+
+def test_values_written_once_per_text_are_still_told_apart_by_type_and_sign() -> None:
+    """describe writes equal avals and tuple parameters once per graph; values that are equal but of other types
+    (1 and True, 1 and np.int64(1)) or signs (0.0 and -0.0) keep their own text."""
+    x = np.ones((1, 2), np.float32)
+    graph = jg.trace(lambda a: np.reshape(a, (2, 1))).plan(x).graph
+    eqn = next(e for e in graph.eqns if e.params.get("shape") == (2, 1))
+    shapes = [(1, 2), (True, 2), (1.0, 2), (0.0,), (-0.0,), (1, 2)]
+    avals = [Aval(s, np.dtype(np.float32)) for s in [(1, 2), (np.int64(1), 2), (1, 2)]]
+    a = graph.inputs[0]
+    eqns = [dataclasses.replace(eqn, inputs=(a,), params={"shape": s}, outs=(Var(avals[i % 3]),))
+            for i, s in enumerate(shapes)]
+    text = graph_keys.describe(Graph(graph.inputs, eqns, [eqns[-1].outs[0]], graph.input_names))
+    for s in shapes:
+        assert repr(("shape", graph_keys._param(s))) in text
+    assert "((np.int64(1), 2), '<f4', False)" in text and "((1, 2), '<f4', False)" in text
+    assert text == graph_keys.describe(Graph(graph.inputs, eqns, [eqns[-1].outs[0]], graph.input_names))

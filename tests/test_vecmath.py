@@ -1,6 +1,8 @@
 """Accuracy, special values and dtype handling of jitgrad.kernels.cpu.vecmath."""
 
 import re
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -275,3 +277,18 @@ def test_docstring_table_matches_bounds():
         row = re.search(rf"^\s*{name}\s+(\d+)\s+(\d+)\s*$", vecmath.__doc__, re.MULTILINE)
         assert row is not None, name
         assert (int(row[1]), int(row[2])) == (bound["float32"], bound["float64"])
+
+
+def test_importing_builds_no_kernel_and_a_compile_builds_its_float_types_only():
+    """A process that imports vecmath (one that loads cached kernels) builds none of its dispatchers; the first
+    compile calling one builds that float type's set, once."""
+    script = (
+        "import numba, numpy as np\n"
+        "from jitgrad.kernels.cpu import vecmath\n"
+        "before = vecmath._kernels.cache_info().currsize\n"
+        "f = numba.njit(lambda x: vecmath.vtanh(vecmath.vexp(x)))\n"
+        "x = np.float32(0.25)\n"
+        "assert abs(f(x) - np.tanh(np.exp(np.float64(x)))) < 1e-6\n"
+        "print(before, vecmath._kernels.cache_info().currsize, vecmath._kernels.cache_info().misses)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "1", "1"]

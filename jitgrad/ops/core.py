@@ -92,17 +92,25 @@ def _numpy_result(fn: Any, keys: tuple[tuple[str, bool], ...]) -> tuple[np.dtype
 
 def result_type(fn: Any, *xs: ArrayLike) -> tuple[np.dtype, bool]:
     """The dtype numpy's `fn` gives for these operands (NEP 50: Python scalars are weak) and weakness."""
-    keys = tuple((aval_of(x).dtype.str, aval_of(x).weak) for x in xs)
-    return _numpy_result(fn, keys)
+    return _numpy_result(fn, tuple((a.dtype.str, a.weak) for a in map(aval_of, xs)))
 
 
-def broadcast_shapes(op: str, *xs: ArrayLike) -> tuple[int, ...]:
-    shapes = [aval_of(x).shape for x in xs]
+@lru_cache(maxsize=4096)
+def _broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """np.broadcast_shapes (Python ints; ValueError), once per combination: numpy's takes 9 us for two 2-d shapes."""
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+def _broadcast_avals(op: str, avals: Sequence[Aval]) -> tuple[int, ...]:
     try:
-        return tuple(np.broadcast_shapes(*shapes))
+        return _broadcast(shapes := tuple(a.shape for a in avals))
     except ValueError:
         raise ShapeError(f"{op}: operands of shapes {' and '.join(str(s) for s in shapes)} do not broadcast "
                          f"together{where_text()}") from None
+
+
+def broadcast_shapes(op: str, *xs: ArrayLike) -> tuple[int, ...]:
+    return _broadcast_avals(op, [aval_of(x) for x in xs])
 
 
 def check_computable(op: str, dtype: np.dtype, xs: Sequence[ArrayLike]) -> None:
@@ -118,16 +126,17 @@ def elementwise(prim: Primitive, numpy_fn: Any, *xs: ArrayLike, compute_dtype: n
     Operands are cast to `compute_dtype` (default: the result dtype numpy gives) and broadcast
     to the common shape before the primitive is recorded.
     """
-    shape = broadcast_shapes(prim.name, *xs)
-    dtype, weak = result_type(numpy_fn, *xs)
+    avals = [aval_of(x) for x in xs]
+    shape = _broadcast_avals(prim.name, avals)
+    dtype, weak = _numpy_result(numpy_fn, tuple((a.dtype.str, a.weak) for a in avals))
     check_computable(prim.name, dtype, xs)
     if dtype == np.float64 and len(xs) > 1:
-        warn_if_widened(prim.name, [aval_of(x) for x in xs])
+        warn_if_widened(prim.name, avals)
     cdt = dtype if compute_dtype is None else compute_dtype
     if not weak and cdt.kind in "iu":
         xs = tuple(fitting_python_int(x, cdt) for x in xs)
-    args = [broadcast_to(convert(x, cdt, weak), shape) for x in xs]
-    return bind(prim, *args)
+    args = [convert(x, cdt, weak) for x in xs]
+    return bind(prim, *[x if aval_of(x).shape == shape else broadcast_to(x, shape) for x in args])
 
 
 def warn_if_widened(op: str, avals: Sequence[Aval]) -> None:
@@ -384,7 +393,7 @@ def broadcast_to(array: ArrayLike, shape: Any) -> ArrayLike:
     if a.shape == shape:
         return array
     try:
-        if len(a.shape) > len(shape) or np.broadcast_shapes(a.shape, shape) != shape:
+        if len(a.shape) > len(shape) or _broadcast((a.shape, shape)) != shape:
             raise ValueError
     except ValueError:
         raise ShapeError(f"broadcast_to: cannot broadcast shape {a.shape} to {shape}{where_text()}") from None

@@ -70,34 +70,83 @@ def _aval(a: Any) -> tuple:
     return (a.shape, _dtype(a.dtype), a.weak)
 
 
+# Element types whose equal values (of the same type) have one repr: a tuple of them is written once per
+# `describe` (float is not one: 0.0 == -0.0).
+_SAME_REPR_WHEN_EQUAL = frozenset((bool, int, str, type(None)))
+
+
+def _tuple_text(items: list[str]) -> str:
+    """repr of the tuple whose items' reprs are `items` (an empty list: "()")."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+class _Texts:
+    """The reprs of one graph's avals, parameters and source lines, each written once (the LSTM's 705 equations
+    have 6 avals, a few source lines and the same few shapes as parameters). An aval is remembered by its shape,
+    dtype object (the graph holds it while it is described) and weakness, a parameter and a source line by
+    value, each with the types in it, and only where equal values of those types have one repr."""
+
+    def __init__(self) -> None:
+        self.avals: dict[tuple, str] = {}
+        self.params: dict[tuple, str] = {}
+        self.sources: dict[tuple, str] = {}
+
+    def aval(self, a: Any) -> str:
+        shape = a.shape
+        if type(shape) is tuple and type(a.weak) is bool:
+            dims = tuple(map(type, shape))
+            if _SAME_REPR_WHEN_EQUAL.issuperset(dims):
+                key = (shape, dims, id(a.dtype), a.weak)
+                return self.avals.get(key) or self.avals.setdefault(key, repr(_aval(a)))
+        return repr(_aval(a))
+
+    def param(self, name: str, v: Any) -> str:
+        """repr((name, _param(v)))."""
+        if type(v) is tuple:
+            types = tuple(map(type, v))
+            if _SAME_REPR_WHEN_EQUAL.issuperset(types):
+                key = (name, v, types)
+                return self.params.get(key) or self.params.setdefault(key, repr((name, _param(v))))
+        return repr((name, _param(v)))
+
+    def source(self, s: Any) -> str:
+        if s is None:
+            return "None"
+        key = (s.filename, s.lineno, type(s.lineno), s.line)
+        return self.sources.get(key) or self.sources.setdefault(key, repr((s.filename, s.lineno, s.line)))
+
+
 def describe(graph: Graph) -> str | None:
     """`graph` as text that two graphs share only when they are the same program's input; None when it holds
-    a primitive that is not one of jitgrad's records, a CALL equation or a parameter that is not plain data."""
+    a primitive that is not one of jitgrad's records, a CALL equation or a parameter that is not plain data.
+    The text is the repr of a list with a tuple per equation, written from the reprs of its parts (`_Texts`)."""
     numbers: dict[Var, int] = {}
+    texts = _Texts()
 
-    def atom(a: Any) -> Any:
+    def atom(a: Any) -> str:
+        number = numbers.get(a)
+        if number is not None:
+            return str(number)
         if isinstance(a, Literal):
-            return ("literal", _aval(a.aval), _array(a.value))
-        if a not in numbers:
-            raise Undescribed("a variable read before it is defined")
-        return numbers[a]
+            return f"('literal', {texts.aval(a.aval)}, {_array(a.value)!r})"
+        raise Undescribed("a variable read before it is defined")
 
-    def define(v: Var) -> tuple:
+    def define(v: Var) -> str:
         numbers[v] = len(numbers)
-        return _aval(v.aval)
+        return texts.aval(v.aval)
 
     try:
-        parts: list[Any] = [("inputs", *map(define, graph.inputs)), ("names", *graph.input_names)]
+        parts = [_tuple_text(["'inputs'", *map(define, graph.inputs)]), repr(("names", *graph.input_names))]
         for e in graph.eqns:
             if e.prim.kind is Kind.CALL or id(e.prim) not in _BUILTIN:
                 raise Undescribed(f"primitive {e.prim!r}")
-            source = None if e.source is None else (e.source.filename, e.source.lineno, e.source.line)
-            parts.append((e.prim.name, tuple(sorted((k, _param(v)) for k, v in e.params.items())),
-                          tuple(map(atom, e.inputs)), tuple(map(define, e.outs)), e.label, source))
-        parts.append(("outputs", *map(atom, graph.outputs)))
+            params = _tuple_text([texts.param(k, e.params[k]) for k in sorted(e.params)]) if e.params else "()"
+            inputs, outs = _tuple_text(list(map(atom, e.inputs))), _tuple_text(list(map(define, e.outs)))
+            parts.append(f"({e.prim.name!r}, {params}, {inputs}, {outs}, {e.label!r}, {texts.source(e.source)})")
+        parts.append(_tuple_text(["'outputs'", *map(atom, graph.outputs)]))
     except Undescribed:
         return None
-    return repr(parts)
+    return f"[{', '.join(parts)}]"
 
 
 @functools.lru_cache(maxsize=None)

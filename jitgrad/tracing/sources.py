@@ -12,6 +12,9 @@ from jitgrad.ir.graph import SourceInfo
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jitgrad/, not this wing
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
 _user_files: dict[str, str | None] = {}  # a frame's absolute code file name -> `_user_file` of it, decided once
+_UNDECIDED = object()
+_sources: dict[tuple[str, int, str], SourceInfo] = {}  # (code file, line number, line) -> its record, shared
+_MAX_SOURCES = 4096
 
 
 def _user_file(raw: str) -> str | None:
@@ -27,12 +30,22 @@ def _user_file(raw: str) -> str | None:
 
 
 def user_source() -> SourceInfo | None:
-    """The innermost stack frame outside jitgrad and numpy: the user's line that made the op."""
+    """The innermost stack frame outside jitgrad and numpy: the user's line that made the op (one record per
+    file, line number and text: a loop records many ops from each of a few lines)."""
     frame = sys._getframe(1)
     while frame is not None:
-        fname = _user_file(frame.f_code.co_filename)
+        raw = frame.f_code.co_filename
+        fname = _user_files.get(raw, _UNDECIDED)
+        if fname is _UNDECIDED:
+            fname = _user_file(raw)
         if fname is not None:
-            return SourceInfo(frame.f_code.co_filename, frame.f_lineno, linecache.getline(fname, frame.f_lineno))
+            key = (raw, frame.f_lineno, linecache.getline(fname, frame.f_lineno))
+            found = _sources.get(key)
+            if found is None:
+                if len(_sources) >= _MAX_SOURCES:
+                    _sources.clear()
+                found = _sources[key] = SourceInfo(*key)
+            return found
         frame = frame.f_back
     return None
 

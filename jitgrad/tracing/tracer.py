@@ -202,7 +202,12 @@ def builder_aval(x: Any) -> Aval:
     if isinstance(x, np.ndarray):  # without literal()'s copy
         check_dtype(x.dtype, "a constant")
         return Aval(x.shape, x.dtype, False)
-    return literal(x).aval
+    weak = _PYTHON_SCALAR_AVALS.get(type(x))  # a bool or float: literal()'s aval, without making the constant
+    return weak if weak is not None else literal(x).aval
+
+
+# The avals literal() gives a Python bool and float (a Python int can be out of int64's range: literal() checks).
+_PYTHON_SCALAR_AVALS = {bool: Aval((), np.dtype(bool), True), float: Aval((), np.dtype(np.float64), True)}
 
 
 class Tracer:

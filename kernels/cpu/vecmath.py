@@ -55,6 +55,7 @@ float64 samples; vlog2 and vlog10: every seventh positive float32 pattern (0.05%
     ==========  =======  =======
 """
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -315,7 +316,16 @@ def _build(ft: type) -> dict:
             "vtanh": tanh, "vsigmoid": sigmoid}
 
 
-_KERNELS = {32: _build(np.float32), 64: _build(np.float64)}
+_FLOAT_TYPES = {32: np.float32, 64: np.float64}
+
+
+@functools.cache
+def _kernels(bitwidth: int) -> dict:
+    """The kernels for float32 or float64 (`bitwidth`), built when a compile first types a call to one: importing
+    this module (every process that runs a kernel calling them does, even one that only loads kernels from the
+    disk cache, whose object code holds them) builds none of the 38 dispatchers. Typing runs under numba's
+    compiler lock, so one process builds each set once."""
+    return _build(_FLOAT_TYPES[bitwidth])
 
 
 def _public(name: str, doc: str) -> Callable[[float], float]:
@@ -330,8 +340,8 @@ def _public(name: str, doc: str) -> Callable[[float], float]:
 
     @overload(stub, jit_options={"error_model": "numpy", "fastmath": {"contract"}})
     def _typed(x):
-        if isinstance(x, types.Float) and x.bitwidth in _KERNELS:
-            kernel = _KERNELS[x.bitwidth][name]
+        if isinstance(x, types.Float) and x.bitwidth in _FLOAT_TYPES:
+            kernel = _kernels(x.bitwidth)[name]
             return lambda x: kernel(x)
         return None
 
