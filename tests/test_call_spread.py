@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jitgrad as jg
-from jitgrad.kernels.build import compiler
+from jitgrad.kernels.build import background, compiler
 from jitgrad.kernels.cpu import variants
 from jitgrad.kernels.cpu.variants import ONE_CORE, PARALLEL, SERIAL, SPREAD, CallSpread, VariantChooser
 from jitgrad.ops import blas_threads
@@ -15,6 +15,7 @@ from jitgrad.cores import on_one_core
 
 
 def test_the_calls_are_timed_once_every_kernel_has_chosen_and_the_faster_way_is_kept() -> None:
+    compiler.wait_for_background_compiles()  # earlier tests' compiles would hold the timing back
     kernel = VariantChooser(1 << 30)
     spread = CallSpread([kernel, VariantChooser(10)], host_steps=False)
     ways = []
@@ -29,10 +30,26 @@ def test_the_calls_are_timed_once_every_kernel_has_chosen_and_the_faster_way_is_
     kernel.choice = PARALLEL
     while spread.chooser.choice is None:
         spread.run(call)
-    assert ways[1:].count(True) == ways[1:].count(False) == VariantChooser.TRIALS
+    # each way's timed calls follow a call run the same way: the first call after a switch is not timed
+    assert ways[1:].count(True) == ways[1:].count(False) == 2 * VariantChooser.TRIALS
+    assert ways[1:] == [False, False, True, True] * VariantChooser.TRIALS
     assert spread.chooser.choice == ONE_CORE
     spread.run(call)
     assert ways[-1] is True and on_one_core.on is False
+
+
+def test_no_call_is_timed_while_background_compiles_share_the_cores(monkeypatch) -> None:
+    spread = CallSpread([VariantChooser(1 << 30)], host_steps=True)
+    spread.kernels[0].choice = PARALLEL
+    monkeypatch.setattr(background.scheduler, "idle", lambda: False)
+    ways = []
+    for _ in range(10):
+        spread.run(lambda: ways.append(on_one_core.on))
+    assert ways == [False] * 10 and spread.chooser.choice is None and not any(spread.chooser.timings.values())
+    monkeypatch.setattr(background.scheduler, "idle", lambda: True)
+    while spread.chooser.choice is None:
+        spread.run(lambda: None)
+    assert len(spread.chooser.timings[ONE_CORE]) == VariantChooser.TRIALS
 
 
 def test_a_program_with_nothing_to_spread_is_never_timed() -> None:

@@ -56,6 +56,10 @@ class Scheduler:
                 self._worker.start()
             self._cond.notify_all()
 
+    def idle(self) -> bool:
+        """No compile running or waiting: the cores are the caller's (timings taken now are fair)."""
+        return not self._running and not self._jobs
+
     def foreground_started(self) -> None:
         with self._cond:
             self._foreground += 1

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numba
 
+from jitgrad.kernels.build import background
 from jitgrad.kernels.cpu import codegen as cpu
 from jitgrad.cores import on_one_core
 
@@ -71,15 +72,18 @@ class VariantChooser:
 class CallSpread:
     """Whether an executable's calls spread over the cores (each kernel's `VariantChooser`, the BLAS helper for
     split products) or run on one core (serial kernels, a split product's parts in turn), by timing whole calls
-    as `VariantChooser` times a kernel's variants, once every kernel has chosen. Which is faster changes with
-    the machine: measured on 2 vCPUs, the medium conv net's step took 7.1-8.2 ms spread and 8.5 on one core in
-    some fresh processes, and 11-12.3 ms spread against 8.6-9.0 on one core in others (where every step that
-    used the second core, kernels and BLAS parts alike, ran slower: memory moving between the cores)."""
+    as `VariantChooser` times a kernel's variants, once every kernel has chosen and while no background compile
+    shares the cores; a call right after one run the other way is not timed (W2's spread step took 14 ms after
+    calls on one core, 10.7 after a spread one, 18.8 on one core). Which is faster changes with the machine:
+    measured on 2 vCPUs, the medium conv net's step took 7.1-8.2 ms spread and 8.5 on one core in some fresh
+    processes, and 11-12.3 ms spread against 8.6-9.0 on one core in others (where every step that used the
+    second core, kernels and BLAS parts alike, ran slower: memory moving between the cores)."""
 
     def __init__(self, kernels: list[VariantChooser], host_steps: bool):
         self.kernels = [k for k in kernels if not k.fixed]  # whose first choice the timing waits for
         self.active = bool(self.kernels) or host_steps
         self.chooser = VariantChooser(cpu.PARALLEL_MIN_SIZE, (SPREAD, ONE_CORE))  # a size never fixed serial
+        self.last: str | None = None  # the way the previous call ran
 
     def run(self, call: Callable[[], None]) -> None:
         """Run `call` (one call of the executable's steps) spread or on one core, timing it while choosing."""
@@ -87,7 +91,9 @@ class CallSpread:
             call()
             return
         self.kernels = []
-        option = self.chooser.next()
+        quiet = background.scheduler.idle()  # while compiles share the cores, no way is timed (nor switched to)
+        option = self.chooser.next() if quiet or self.chooser.choice is not None else self.last or SPREAD
+        timed, self.last = quiet and option == self.last, option
         outer, on_one_core.on = on_one_core.on, option == ONE_CORE
         if option == ONE_CORE:
             STATS["one_core_calls"] += 1
@@ -96,7 +102,8 @@ class CallSpread:
             call()
         finally:
             on_one_core.on = outer
-        self.chooser.record(option, time.perf_counter() - start)
+        if timed:  # not a call right after the other way: that one pays for the switch (the second core waking)
+            self.chooser.record(option, time.perf_counter() - start)
 
 
 _choosers: "weakref.WeakSet[VariantChooser]" = weakref.WeakSet()
