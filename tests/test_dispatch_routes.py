@@ -1,7 +1,7 @@
 """A binding maps numpy's arguments to its implementation by the call's shape (`Binding._route`, bound once per
 shape): every shape routes each value where numpy's signature binds it, a call numpy's signature refuses raises
 every time, and a value other than a refused argument's default raises whatever shape came first. Also: the
-user's line of an equation made from code with a relative file name (`sources._user_file`, not remembered), and
+user's line of an equation made from code with a relative file name (`sources._decide_user_file`, not remembered), and
 one record per user line and text (`sources.user_source`)."""
 from __future__ import annotations
 

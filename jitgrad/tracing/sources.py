@@ -11,17 +11,16 @@ from jitgrad.ir.graph import SourceInfo
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jitgrad/, not this wing
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
-_user_files: dict[str, str | None] = {}  # a frame's absolute code file name -> `_user_file` of it, decided once
+_user_files: dict[str, str | None] = {}  # a frame's absolute code file name -> `_decide_user_file` of it, decided once
 _UNDECIDED = object()
 _sources: dict[tuple[str, int, str], SourceInfo] = {}  # (code file, line number, line) -> its record, shared
 _MAX_SOURCES = 4096
 
 
-def _user_file(raw: str) -> str | None:
+def _decide_user_file(raw: str) -> str | None:
     """The absolute name of the code file `raw` (a frame's `co_filename`) when it is the user's; None for jitgrad's,
-    numpy's or the import system's. A relative name depends on the working directory: it is decided each time."""
-    if raw in _user_files:
-        return _user_files[raw]
+    numpy's or the import system's. Remembered in `_user_files` for an absolute name; a relative one depends on the
+    working directory, so it is decided each time."""
     fname = os.path.abspath(raw)
     internal = fname.startswith((_PACKAGE_DIR, _NUMPY_DIR)) or raw.startswith("<frozen") or "contextlib" in fname
     if os.path.isabs(raw):
@@ -37,7 +36,7 @@ def user_source() -> SourceInfo | None:
         raw = frame.f_code.co_filename
         fname = _user_files.get(raw, _UNDECIDED)
         if fname is _UNDECIDED:
-            fname = _user_file(raw)
+            fname = _decide_user_file(raw)
         if fname is not None:
             key = (raw, frame.f_lineno, linecache.getline(fname, frame.f_lineno))
             found = _sources.get(key)

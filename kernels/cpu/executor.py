@@ -300,12 +300,10 @@ class Executable:
         compile_helper = helper.helper()
         if compile_helper is None:
             return None
-        # Per kernel and signature (an unrolled loop's steps share them), keyed by identities: numba's types are
-        # unique objects, and hashing a signature of them costs more than a job does (~1 us an argument).
-        found: dict[tuple, helper.Job | None] = {}
+        found: dict[tuple, helper.Job | None] = {}  # per kernel and signature: an unrolled loop's steps share them
         to_build: list[tuple[_KernelCall, helper.Job]] = []
         for c, signature in guesses:
-            key = (id(c.compiled), *map(id, signature))
+            key = first_call.kernel_key(c.compiled, signature)
             if key not in found:
                 found[key] = helper.job_for(c.compiled, SERIAL, signature)
             if found[key] is not None:

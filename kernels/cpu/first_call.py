@@ -82,6 +82,12 @@ def work(graph: Graph) -> int:
     return sum(int(np.prod(o.aval.shape, dtype=np.int64)) for e in graph.eqns for o in e.outs)
 
 
+def kernel_key(compiled: compiler.CompiledSource, signature: tuple) -> tuple:
+    """A kernel and its argument types as a key, by identities: an unrolled loop's steps share kernels and numba's
+    types are unique objects, and hashing a signature of them takes ~1 us an argument."""
+    return (id(compiled), *map(id, signature))
+
+
 def _built(compiled: compiler.CompiledSource, variant: str, signature: tuple) -> bool:
     """Is `variant` for `signature` compiled in this process or in the disk cache?"""
     fn = compiled.functions[variant]
@@ -219,9 +225,7 @@ def plan(graph: Graph, variants: tuple[str, str],
     says so, every kernel is compiled or on disk already (loading is quick), or the graph's work is too large."""
     if mode() != "numpy":  # first: the checks below look for every kernel on disk
         return None
-    # An unrolled loop's steps share kernels: each once, keyed by identities (numba's types are unique objects;
-    # hashing a signature of them takes ~1 us an argument).
-    distinct = {(id(c), *map(id, sig)): (c, sig) for c, sig in targets}.values()
+    distinct = {kernel_key(c, sig): (c, sig) for c, sig in targets}.values()
     if all(any(_built(c, variant, sig) for variant in variants) for c, sig in distinct) or work(graph) > MAX_ELEMENTS:
         return None
     return NumpyFirstCall(graph, variants, targets, label)
