@@ -30,7 +30,7 @@ MIN_BYTES = 1 << 16  # smaller outputs are allocated afresh: cheaper than the bo
 DEPTH = 2  # arrays per kept output: `loss, grads = f.value_and_grad(...)` in a loop keeps the last results alive
 ALIGN = 64  # bytes: each value in the arena starts on a cache line
 SEARCH_WORK = 20_000  # pairs of values live together `place` may visit in orders beyond the first (about 5 ms)
-_SOLE_OWNER = 3  # the pool's list, `_held_elsewhere`'s local name, and getrefcount's own argument
+SOLE_OWNER = 3  # the pool's list, `_held_elsewhere`'s local name, and getrefcount's own argument
 
 log = logging.getLogger("jitgrad.runtime")
 
@@ -38,7 +38,7 @@ log = logging.getLogger("jitgrad.runtime")
 def _held_elsewhere(arrays: list[np.ndarray], i: int) -> bool:
     """Does anyone but the list `arrays` hold `arrays[i]`, or a view of it (reference counts)?"""
     buf = arrays[i]
-    return sys.getrefcount(buf) != _SOLE_OWNER
+    return sys.getrefcount(buf) != SOLE_OWNER
 
 
 def _region(memory: memoryview, offset: int, dtype: np.dtype, count: int) -> np.ndarray:

@@ -127,12 +127,27 @@ def _emit_stage_rows(w: LoopWriter, k: LoopKernel, depth: int, stage: Stage, car
         w.line(depth, f"{r.acc} = {numba_type(r.dtype)}({r.acc}_)")
 
 
+def _emit_rows_of_one_array(w: LoopWriter, depth: int, arrays: list[tuple[str, str]], length: str) -> None:
+    """Arrays of `length` elements named `arrays` (name, numba dtype): one allocation per dtype, each array a row
+    of it (an allocation costs about 50 ns, a few of them a large share of a small kernel's call)."""
+    by_dtype: dict[str, list[str]] = {}
+    for name, dtype in arrays:
+        by_dtype.setdefault(dtype, []).append(name)
+    for dtype, names in by_dtype.items():
+        if len(names) == 1:
+            w.line(depth, f"{names[0]} = np.empty({length}, {dtype})")
+            continue
+        w.line(depth, f"{names[0]}_rows = np.empty(({len(names)}, {length}), {dtype})")
+        for row, name in enumerate(names):
+            w.line(depth, f"{name} = {names[0]}_rows[{row}]")
+
+
 def _emit_block_scratch(w: LoopWriter, depth: int, stages: list[Stage], carries: list[carry.Carry]) -> None:
     """Per-chunk scratch of the blocked sums that do not read their terms from a carried value."""
-    for s, stage in enumerate(stages):
-        for r in stage.reductions:
-            if is_blocked(r) and not any(_sums_carried(r, c) for c in carries if c.stage == s):
-                w.line(depth, f"{r.acc}_s = np.empty({BLOCK}, {numba_type(r.dtype)})")
+    _emit_rows_of_one_array(w, depth, [(f"{r.acc}_s", numba_type(r.dtype)) for s, stage in enumerate(stages)
+                                       for r in stage.reductions
+                                       if is_blocked(r) and not any(_sums_carried(r, c) for c in carries
+                                                                    if c.stage == s)], str(BLOCK))
 
 
 def _emit_stage_chunked(w: LoopWriter, k: LoopKernel, stage: Stage, parallel: bool) -> None:
@@ -146,8 +161,7 @@ def _emit_stage_chunked(w: LoopWriter, k: LoopKernel, stage: Stage, parallel: bo
     w.line(1, f"nb = (n{first} + {grain - 1}) // {grain}" if grain > 1 else f"nb = n{first}")
     chunked = parallel or any(order_dependent(r) for r in stage.reductions)
     w.line(1, f"nc = max(1, min(nb, {CHUNKS}))" if chunked else "nc = 1")
-    for r in stage.reductions:
-        w.line(1, f"{r.acc}_p = np.empty(nc, {numba_type(accumulator_dtype(r))})")
+    _emit_rows_of_one_array(w, 1, [(f"{r.acc}_p", numba_type(accumulator_dtype(r))) for r in stage.reductions], "nc")
     w.line(1, "for ch in prange(nc):")
     _emit_block_scratch(w, 2, [stage], [])
     for r in stage.reductions:

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from jitgrad.ir.primitive import Kind
+from jitgrad.kernels import recycled
 from jitgrad.kernels.buffers import BufferPool, OutputBuffers, outputs_to_copy
 from jitgrad.kernels.build import background, compiler, helper, progress, quick_codegen
 from jitgrad.kernels.cpu import blas_operands, first_call
@@ -219,11 +220,14 @@ class Executable:
 
     def steady_source(self, inputs: Sequence[str]) -> tuple[list[str], dict[str, Any], list[str], list[str]]:
         """The settled call (every kernel on its settled serial code, no host step writing into a pooled buffer) as
-        lines reading the graph inputs from the expressions `inputs`: outputs allocated as each kernel takes them (0-d
-        as 1-d, `t<slot>`), dispatchers and constants bound (names `k<n>` of the returned dict), values dropped where
+        lines reading the graph inputs from the expressions `inputs`: outputs allocated as each kernel takes them, or
+        small ones recycled (`jitgrad.kernels.recycled`; 0-d as 1-d, `t<slot>`), dispatchers and constants bound (names `k<n>` of the returned dict), values dropped where
         `release_after` says; no slot list. Also each output's expression (copied where `copy_output` says) and its
         value's as a numpy scalar (a 0-d result's)."""
-        names: dict[str, Any] = dict(empty=np.empty, array=np.array, count=compiler.CompiledSource._count_new_overloads)
+        ring: list[Any] = []  # two places per recycled output (`jitgrad.kernels.recycled`)
+        recycle = recycled.enabled()
+        names: dict[str, Any] = dict(empty=np.empty, array=np.array, count=compiler.CompiledSource._count_new_overloads,
+                                     ring=ring, **recycled.names())
 
         def ref(value: Any) -> str:
             names[f"k{len(names)}"] = value
@@ -238,8 +242,13 @@ class Executable:
             if isinstance(c, _KernelCall):
                 zero_d = [o.aval.ndim == 0 for o in c.kernel.outputs]
                 outs = [f"t{i}" if z else slot[i] for i, z in zip(c.outputs, zero_d)]
-                lines += [f"{t} = empty({tuple(map(int, o.aval.shape)) or (1,)!r}, {ref(o.aval.dtype)})"
-                          for t, o in zip(outs, c.kernel.outputs)]
+                for t, o in zip(outs, c.kernel.outputs):
+                    allocate = f"empty({tuple(map(int, o.aval.shape)) or (1,)!r}, {ref(o.aval.dtype)})"
+                    if recycle and o.aval.size * o.aval.dtype.itemsize <= recycled.RING_BYTES:
+                        lines += recycled.take_lines(t, allocate, "ring", len(ring) // 2)
+                        ring += [None, None]
+                    else:
+                        lines.append(f"{t} = {allocate}")
                 ins = [f"{s}.reshape(1)" if a.aval.ndim == 0 else s for s, a in zip(ins, c.kernel.inputs)]
                 fn, source = ref(c.settled), ref(c.compiled)
                 lines += [f"known = len({fn}.overloads)", f"{fn}({''.join(f'{int(d)}, ' for d in c.kernel.domain)}"
