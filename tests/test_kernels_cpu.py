@@ -295,3 +295,26 @@ def test_lane_kernels_leave_float_sums_to_row_and_column_kernels() -> None:
         assert not any(cpu.is_lane_kernel(k) for k in program.kernels)
     program = fusion.schedule(simplify.optimize(jg.trace(lambda a: np.max(a, axis=1)).plan(x).graph))
     assert [cpu.is_lane_kernel(k) for k in program.kernels] == [True]
+
+
+def test_many_constants_come_as_one_array_per_dtype_and_keep_numpys_bits() -> None:
+    """Two or more scalar constants reach a kernel as one array per dtype (`codegen.scalar_groups`): float32 stays
+    float32, every value reaches its place, and other values of the constants reuse the compiled kernel."""
+    def make(scale: float):
+        def f(x, k):
+            return (x * np.float32(scale) + np.float32(2.5)) * (k + 7) - np.float32(scale / 3)
+        return jg.trace(f)
+
+    rng = np.random.default_rng(7)
+    x, k = rng.standard_normal(40).astype(np.float32), np.arange(40, dtype=np.int64)
+    first = make(1.75)
+    np.testing.assert_array_equal(first(x, k), (x * np.float32(1.75) + np.float32(2.5)) * (k + 7)
+                                  - np.float32(1.75 / 3))
+    (source,) = first.plan(x, k).executables["call"].sources
+    assert "def serial_kernel(n0, a0, a1, cs0, cs1, cs2, o0):" in source  # float32, int64, float64 constants
+    assert all(f"{c} = {group}" in source for c, group in [("c0", "cs0[0]"), ("c1", "cs0[1]"), ("c2", "cs1[0]")])
+    compiles = first.cache_info()["compiles"]
+    second = make(-0.5)
+    np.testing.assert_array_equal(second(x, k), (x * np.float32(-0.5) + np.float32(2.5)) * (k + 7)
+                                  - np.float32(-0.5 / 3))
+    assert second.cache_info()["compiles"] == compiles

@@ -4,7 +4,7 @@ The source has a parallel variant (`prange` over the outermost kept axis, or ove
 first reduced axis for full reductions) and a serial one for small domains. Lengths are runtime
 arguments, so one compiled kernel serves every length of the same rank, dtypes and layout.
 Scalar constants are typed arguments too (numba would type a bare `1.0` as float64 and promote
-float32 math). No fast-math: numbers match numpy's.
+float32 math); two or more come as one array per dtype (`scalar_groups`). No fast-math: numbers match numpy's.
 
 What lets LLVM vectorise the loops: arrays are indexed with unsigned copies of the loop variables
 (numba wraps negative signed indices with a select, which turns contiguous loads into gathers);
@@ -47,6 +47,7 @@ __all__ = ["BLOCK", "PARALLEL_MIN_SIZE", "generate", "is_blocked", "is_column_ke
 PARALLEL_MIN_SIZE = 1 << 15  # smaller domains always run the serial variant; larger ones time both
 MAX_UNSWITCHED_LOOPS = 32  # copies of the innermost loop an elementwise kernel's region read may be split into
 
+PACKED_FROM = 2  # scalar arguments from which a kernel takes them as one array per dtype (`scalar_groups`)
 HEADER = "import math\n\nimport numpy as np\nfrom numba import prange\n"
 BLOCK_SUM = f"{reductions.__name__}.block_sum"
 
@@ -237,7 +238,17 @@ def _emit_rows(w: LoopWriter, k: LoopKernel, parallel: bool) -> None:
 def generate(k: LoopKernel, name: str, parallel: bool = True) -> str:
     """numba-ready source of a function `name` computing kernel `k` (outputs are preallocated args)."""
     w = LoopWriter()
-    w.line(0, f"def {name}({', '.join(argument_names(k))}):")
+    groups = scalar_groups(k)
+    if groups is None:
+        w.line(0, f"def {name}({', '.join(argument_names(k))}):")
+    else:
+        lengths, inputs, outputs = len(k.domain), len(k.inputs), len(k.outputs)
+        names = argument_names(k)
+        packed = [f"cs{g}" for g in range(len(groups))]
+        w.line(0, f"def {name}({', '.join(names[:lengths + inputs] + packed + names[len(names) - outputs:])}):")
+        for g, (_, members) in enumerate(groups):
+            for j, (member, _) in enumerate(members):
+                w.line(1, f"{member} = cs{g}[{j}]")
     if is_column_kernel(k):
         emit_columns(w, k, parallel)
     elif is_lane_kernel(k):
@@ -266,10 +277,28 @@ def module_source(k: LoopKernel) -> str:
             + "\n\n\nquick_kernel = serial_kernel\n")
 
 
+def scalar_groups(k: LoopKernel) -> list[tuple[np.dtype, list[tuple[str, Any]]]] | None:
+    """A kernel's scalar constants and index parameters (int64), by dtype in first-seen order, each as its name in
+    the source and its value; None for fewer than PACKED_FROM of them, passed one by one. Each group is one array
+    argument (`scalar_arguments`): numba's dispatcher types each argument of every call, about 70 ns a scalar,
+    and an array of them costs as much as one."""
+    values = [(f"c{i}", s.value.reshape(())[()]) for i, s in enumerate(k.scalars)]
+    values += [(f"p{i}", np.int64(v)) for i, v in enumerate(k.index_params)]
+    if len(values) < PACKED_FROM:
+        return None
+    groups: dict[np.dtype, list[tuple[str, Any]]] = {}
+    for name, value in values:
+        groups.setdefault(value.dtype, []).append((name, value))
+    return list(groups.items())
+
+
 def scalar_arguments(k: LoopKernel) -> list[Any]:
-    """The typed scalar constants of a kernel (numpy scalars, so numba keeps float32 float32), then its index
-    parameters (int64)."""
-    return [s.value.reshape(())[()] for s in k.scalars] + [np.int64(v) for v in k.index_params]
+    """The typed scalar constants of a kernel, then its index parameters (int64): numpy scalars, so numba keeps
+    float32 float32, or from PACKED_FROM of them on, one array per dtype (`scalar_groups`)."""
+    groups = scalar_groups(k)
+    if groups is None:
+        return [s.value.reshape(())[()] for s in k.scalars] + [np.int64(v) for v in k.index_params]
+    return [np.array([value for _, value in members], dtype) for dtype, members in groups]
 
 
 def kernel_arguments(k: LoopKernel, arrays: list[np.ndarray], outputs: list[np.ndarray], scalars: list[Any]
