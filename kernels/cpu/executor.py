@@ -10,6 +10,7 @@ nothing else still references them (`jitgrad.kernels.buffers`).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -181,7 +182,7 @@ class Executable:
             text = cpu.module_source(step)
             source = step.lowered["cpu"] = texts.setdefault(text, text)
         compiled = compiler.load(source, VARIANTS)
-        size = int(np.prod(step.domain, dtype=np.int64))
+        size = math.prod(map(int, step.domain))  # Python ints: exact, and a tenth of np.prod's time
         site = self.buffers.site([o.aval.shape for o in step.outputs], [o.aval.dtype for o in step.outputs])
         return _KernelCall(step, compiled, VariantChooser(size), [self._slot(a) for a in step.inputs],
                            [self._slot(o) for o in step.outputs], site,
