@@ -5,7 +5,8 @@
                         [--import-order torch-first|jitgrad-first] [--busy] [--no-other-modes]
 
 All candidates run in one process with the same threads, interleaved round-robin (the order
-rotates every round) so load from elsewhere hits them alike. Each row reports median ms per
+rotates every round) so load from elsewhere hits them alike; numpy by hand is timed in rounds of its
+own after them, since its products leave OpenBLAS's threads spinning for about 0.1 s (`TIMED_APART`). Each row reports median ms per
 call, ratios to jitgrad (above 1: jitgrad is faster), the time of the first call of jitgrad and
 torch.compile (trace + compile, excluded from the medians), and a check of every candidate's
 value and gradients against eager PyTorch. Then the model section (bench/models.py): a transformer
@@ -48,6 +49,11 @@ OPENBLAS_HINTS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SAMPLE_SECONDS = 0.05      # one timed sample runs a candidate this long (several calls when they are short)
 ROW_SECONDS = 2.5          # at most this long per candidate per row, so large sizes get fewer repeats
 MIN_REPEATS = 3
+# Timed in rounds of their own, after the others: numpy's products wake OpenBLAS's threads, which then spin for about
+# 0.1 s (OpenBLAS's THREAD_TIMEOUT, 2^28 cycles) on the cores the next candidate needs. Measured on W2 at B = 1024,
+# torch first: with numpy in the round robin, jitgrad 20.2 ms, eager 18.2, torch.compile 29.3; without it, 12.2,
+# 15.9 and 16.0 (docs/benchmarks.md, "numpy's OpenBLAS threads").
+TIMED_APART = ("numpy",)
 TOLERANCE = 1e-4           # normwise relative error allowed against eager PyTorch (float32)
 MARKDOWN_BEGIN = "<!-- bench/run.py table: begin -->"
 MARKDOWN_END = "<!-- bench/run.py table: end -->"
@@ -250,7 +256,10 @@ def measure_row(workload: Any, size: int, mode: str, candidates: list[Any], max_
     check_against_eager(workload, mode, results, cells)
     del results
     settle_jitgrad(runs)
+    apart = {name: runs.pop(name) for name in TIMED_APART if name in runs}
     repeats = time_round_robin(runs, cells, max_repeats)
+    if apart:
+        time_round_robin(apart, cells, max_repeats)
     return Row(workload.name, workload.size_label(size), mode, repeats, cells)
 
 
@@ -432,7 +441,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None, notes: list[
     legend = (f"median ms per call; X/jitgrad = X's time over jitgrad's (above 1: jitgrad faster); "
               f"'1st s' = first call (trace + compile), not in the medians; check = largest normwise relative "
               f"error of value and gradients against eager PyTorch (tolerance {TOLERANCE:g}); fwd = forward, "
-              f"vg = value-and-grad")
+              f"vg = value-and-grad; jitgrad, eager and compile interleaved, numpy timed after them in rounds of its "
+              f"own (its products leave OpenBLAS's threads spinning ~0.1 s)")
     print()
     if rows:
         print(plain_table(header, body))

@@ -79,3 +79,28 @@ def test_the_runner_measures_torch_first_with_the_other_modes_by_default() -> No
     args = models.runner.parse_args([])
     assert (args.import_order, args.busy, args.no_other_modes) == ("torch-first", False, False)
     assert models.runner.parse_args(["--import-order", "jitgrad-first"]).import_order == "jitgrad-first"
+
+
+def test_the_runner_times_numpy_after_the_interleaved_candidates(monkeypatch) -> None:
+    """numpy's threaded products leave OpenBLAS's threads spinning for ~0.1 s: the runner times numpy by hand in rounds
+    of its own, after jitgrad and PyTorch's interleaved rounds (`run.TIMED_APART`)."""
+    calls: list[str] = []
+
+    class Recorded(wl.Candidate):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def prepare(self, workload, mode, inputs):
+            return lambda: calls.append(self.name)
+
+        def result(self, mode, out):
+            return None
+
+    monkeypatch.setattr(models.runner, "check_against_eager", lambda *args: None)
+    monkeypatch.setattr(models.runner, "per_call_estimate", lambda run: models.runner.SAMPLE_SECONDS)
+    names = ["jitgrad", "eager", "numpy", "compile"]
+    row = models.runner.measure_row(wl.WORKLOADS["W2"], 64, wl.VALUE_AND_GRAD, [Recorded(n) for n in names], 4)
+    last_other = max(i for i, name in enumerate(calls) if name != "numpy")
+    assert calls.count("numpy") == 6  # its first call, then its own rounds: one untimed call and four samples
+    assert calls[last_other + 1:] == ["numpy"] * 5
+    assert all(len(row.cells[n].samples) == 4 for n in names)
