@@ -97,6 +97,7 @@ def test_the_runner_times_numpy_after_the_interleaved_candidates(monkeypatch) ->
             return None
 
     monkeypatch.setattr(models.runner, "check_against_eager", lambda *args: None)
+    monkeypatch.setattr(models.runner, "settle_jitgrad", lambda runs: 0.0)  # no jitgrad here: nothing to wait for
     monkeypatch.setattr(models.runner, "per_call_estimate", lambda run: models.runner.SAMPLE_SECONDS)
     names = ["jitgrad", "eager", "numpy", "compile"]
     row = models.runner.measure_row(wl.WORKLOADS["W2"], 64, wl.VALUE_AND_GRAD, [Recorded(n) for n in names], 4)
