@@ -9,7 +9,7 @@ backend must register one."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -127,6 +127,13 @@ def index_text(index: tuple, rank: int, var: str = "i") -> str:
     if rank == 0:
         return "0"
     return ", ".join(position_text(a, var) for a in index)
+
+
+def scalar_values(k: LoopKernel) -> list[tuple[str, Any]]:
+    """A kernel's scalar constants as numpy scalars (numba keeps float32 float32), then its index parameters as
+    int64, each with its name in `argument_names`."""
+    return ([(f"c{i}", s.value.reshape(())[()]) for i, s in enumerate(k.scalars)]
+            + [(f"p{i}", np.int64(v)) for i, v in enumerate(k.index_params)])
 
 
 def argument_names(k: LoopKernel) -> list[str]:

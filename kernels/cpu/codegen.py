@@ -34,7 +34,8 @@ import numpy as np
 
 from jitgrad.passes.loops import Compute, LoopKernel, Reduction, Stage, statements
 from jitgrad.kernels.cpu import carry, reductions
-from jitgrad.kernels.common import accumulator_dtype, argument_names, identity_literal, numba_type
+from jitgrad.kernels.common import (accumulator_dtype, argument_names, identity_literal, numba_type,
+                                    scalar_values)
 from jitgrad.kernels.cpu.columns import emit_columns, emit_lanes, is_column_kernel, is_lane_kernel
 from jitgrad.kernels.cpu.emit import (BLOCK, CHUNKS, LoopWriter, emit_accumulate, emit_body, emit_stores,
                                       emit_unswitched, emit_zero_rescan, is_blocked, order_dependent, row_index,
@@ -282,8 +283,7 @@ def scalar_groups(k: LoopKernel) -> list[tuple[np.dtype, list[tuple[str, Any]]]]
     the source and its value; None for fewer than PACKED_FROM of them, passed one by one. Each group is one array
     argument (`scalar_arguments`): numba's dispatcher types each argument of every call, about 70 ns a scalar,
     and an array of them costs as much as one."""
-    values = [(f"c{i}", s.value.reshape(())[()]) for i, s in enumerate(k.scalars)]
-    values += [(f"p{i}", np.int64(v)) for i, v in enumerate(k.index_params)]
+    values = scalar_values(k)
     if len(values) < PACKED_FROM:
         return None
     groups: dict[np.dtype, list[tuple[str, Any]]] = {}
@@ -297,7 +297,7 @@ def scalar_arguments(k: LoopKernel) -> list[Any]:
     float32 float32, or from PACKED_FROM of them on, one array per dtype (`scalar_groups`)."""
     groups = scalar_groups(k)
     if groups is None:
-        return [s.value.reshape(())[()] for s in k.scalars] + [np.int64(v) for v in k.index_params]
+        return [value for _, value in scalar_values(k)]
     return [np.array([value for _, value in members], dtype) for dtype, members in groups]
 
 

@@ -245,7 +245,7 @@ class Executable:
                 outs = [f"t{i}" if z else slot[i] for i, z in zip(c.outputs, zero_d)]
                 for t, o in zip(outs, c.kernel.outputs):
                     allocate = f"empty({tuple(map(int, o.aval.shape)) or (1,)!r}, {ref(o.aval.dtype)})"
-                    if recycle and o.aval.size * o.aval.dtype.itemsize <= recycled.RING_BYTES:
+                    if recycle and o.aval.nbytes <= recycled.RING_BYTES:
                         lines += recycled.take_lines(t, allocate, "ring", len(ring) // 2)
                         ring += [None, None]
                     else:

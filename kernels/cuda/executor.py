@@ -35,6 +35,7 @@ from jitgrad.ir.graph import Atom, Aval, Var
 from jitgrad.kernels.cuda import codegen as kc
 from jitgrad.ir.primitive import Kind
 from jitgrad.kernels.buffers import outputs_to_copy
+from jitgrad.kernels.common import scalar_values
 from jitgrad.kernels.slots import SlotTable, release_after, run_steps
 
 _lock = threading.RLock()
@@ -157,7 +158,7 @@ class CompiledKernel:
         self.module = kernel_module(kernel)
         self.launches = kc.launches(kernel)
         self.scratch = [cuda.device_array(n, d) for n, d in kc.scratch(kernel)]
-        self.scalars = [s.value.reshape(())[()] for s in kernel.scalars] + [np.int64(v) for v in kernel.index_params]
+        self.scalars = [value for _, value in scalar_values(kernel)]
         self.lock = threading.Lock()
 
     def __call__(self, ins: Sequence[Any]) -> list[Any]:
