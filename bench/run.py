@@ -197,7 +197,7 @@ def settle_jitgrad(runs: dict[str, Callable[[], Any]]) -> float:
     start = time.perf_counter()
     compiler.wait_for_background_compiles()
     waited = time.perf_counter() - start
-    for _ in range(4 * VariantChooser.TRIALS if run is not None else 0):  # 2 x TRIALS for kernels, then for calls
+    for _ in range(4 * (VariantChooser.TRIALS + 1) if run is not None else 0):  # a streak of each, kernels then calls
         run()
     return waited
 

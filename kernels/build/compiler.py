@@ -36,7 +36,7 @@ from numba.core.compiler import CompileResult
 from numba.core.runtime import rtsys
 
 from jitgrad import cache
-from jitgrad.kernels.build import background, collector, entries, numba_passes, quick_codegen, shield
+from jitgrad.kernels.build import background, collector, entries, numba_passes, pinned_pool, quick_codegen, shield
 from jitgrad.kernels.build.source_keys import source_key
 from jitgrad.logging_setup import configure_from_env
 
@@ -228,7 +228,8 @@ def _call_parallel(fn: Callable[..., Any], args: list[Any]) -> None:
         fn(*args)
         return
     with _parallel_lock:
-        fn(*args)
+        with pinned_pool.around_first_call():
+            fn(*args)
         try:
             _parallel_calls_safe = numba.threading_layer() != "workqueue"
         except ValueError:  # no parallel region has run yet: the layer is still unknown
@@ -318,6 +319,8 @@ class _Dispatchers(dict):
             if fname in self:
                 return dict.__getitem__(self, fname)
             opts = self.variants[fname]
+            if opts.get("parallel"):
+                pinned_pool.start()  # before numba starts the pool while compiling, beside other threads
             dispatcher = numba.njit(error_model="numpy", **quick_codegen.numba_options(opts))(
                 getattr(self.module, fname))
             quick_codegen.mark(dispatcher, opts)

@@ -26,13 +26,17 @@ class VariantChooser:
 
     On an idle machine the parallel kernel wins; when other processes occupy the cores, waking
     worker threads can cost more than the work, and the serial kernel wins. The load changes, so
-    the choice is re-timed now and then (two calls of each variant, about 2% of calls). Small
+    the choice is re-timed now and then (three calls of each variant, about 4% of calls). Small
     domains always run serially.
+
+    Each variant is timed in a streak of calls, the first of which (right after a call of the other
+    variant) is not timed: W1's parallel kernel at N = 1e6 took 1.6-1.9 ms right after a serial call and
+    0.8-0.9 ms after a parallel one (the serial kernel 1.35), so trials that alternated kept the serial one.
     """
 
     TRIALS = 3  # timed calls of each variant before the first choice
-    RECHECK_TRIALS = 2  # timed calls of each variant at a re-check
-    RECHECK_EVERY = 100  # calls between re-checks
+    RECHECK_TRIALS = 3  # timed calls of each variant at a re-check
+    RECHECK_EVERY = 150  # calls between re-checks
 
     def __init__(self, size: int, options: tuple[str, str] = (PARALLEL, SERIAL)):
         self.options = options  # the one tried first, then the one kept without timing (small, or forked)
@@ -41,6 +45,8 @@ class VariantChooser:
         self.trials = self.TRIALS
         self.timings: dict[str, list[float]] = {o: [] for o in options}
         self.calls_since_choice = 0
+        self.last: str | None = None  # the variant the previous call ran
+        self.after_switch = False  # whether the variant `next` gave differs from the previous call's (not timed)
         _choosers.add(self)
 
     def next(self) -> str:
@@ -50,18 +56,22 @@ class VariantChooser:
                 return self.choice
             self.calls_since_choice += 1
             if self.calls_since_choice <= self.RECHECK_EVERY:
+                self.last = self.choice
                 return self.choice
             self.choice, self.trials = None, self.RECHECK_TRIALS
             self.timings = {o: [] for o in self.options}
         first, second = self.options
-        return first if len(self.timings[first]) <= len(self.timings[second]) else second
+        variant = first if len(self.timings[first]) < self.trials else second  # a streak of each
+        self.after_switch, self.last = variant != self.last, variant
+        return variant
 
     def keep(self, variant: str) -> None:
         """Use `variant` from now on, without timing (the other one cannot run)."""
         self.fixed, self.choice = True, variant
 
     def record(self, variant: str, seconds: float) -> None:
-        if self.choice is not None:
+        """Count `seconds` for `variant`, unless it ran right after the other one."""
+        if self.choice is not None or self.after_switch:
             return
         self.timings[variant].append(seconds)
         if all(len(t) >= self.trials for t in self.timings.values()):
@@ -83,7 +93,6 @@ class CallSpread:
         self.kernels = [k for k in kernels if not k.fixed]  # whose first choice the timing waits for
         self.active = bool(self.kernels) or host_steps
         self.chooser = VariantChooser(cpu.PARALLEL_MIN_SIZE, (SPREAD, ONE_CORE))  # a size never fixed serial
-        self.last: str | None = None  # the way the previous call ran
 
     def run(self, call: Callable[[], None]) -> None:
         """Run `call` (one call of the executable's steps) spread or on one core, timing it while choosing."""
@@ -92,8 +101,7 @@ class CallSpread:
             return
         self.kernels = []
         quiet = background.scheduler.idle()  # while compiles share the cores, no way is timed (nor switched to)
-        option = self.chooser.next() if quiet or self.chooser.choice is not None else self.last or SPREAD
-        timed, self.last = quiet and option == self.last, option
+        option = self.chooser.next() if quiet or self.chooser.choice is not None else self.chooser.last or SPREAD
         outer, on_one_core.on = on_one_core.on, option == ONE_CORE
         if option == ONE_CORE:
             STATS["one_core_calls"] += 1
@@ -102,7 +110,7 @@ class CallSpread:
             call()
         finally:
             on_one_core.on = outer
-        if timed:  # not a call right after the other way: that one pays for the switch (the second core waking)
+        if quiet:  # `record` skips a call right after the other way: it pays for the switch (the second core waking)
             self.chooser.record(option, time.perf_counter() - start)
 
 
