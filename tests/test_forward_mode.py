@@ -174,3 +174,28 @@ def test_input_errors_name_the_leaf_and_shapes() -> None:
     assert outer(np.ones(20)).shape == (20, 20, 20)  # on arrays: one compiled backward run per output element
     with pytest.raises(jg.InputError, match="inside a traced function unrolls .* 400 elements is over its limit"):
         jg.trace(outer)(np.ones(20))
+
+
+def test_plain_array_jvps_take_the_short_path_with_the_general_paths_results() -> None:
+    from jitgrad.front import forward
+
+    rng = np.random.default_rng(3)
+    x, v = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    cases = [lambda a: np.sum(np.tanh(a) * a), lambda a: (np.sin(a), np.argmax(a)), lambda a: np.argmax(a)]
+    for fn in cases:
+        assert forward._plain_float_arrays((x,), (v,)) and not forward._plain_float_arrays([x], [v])
+        short = jg.jvp(fn, (x,), (v,))
+        general = jg.jvp(fn, [x], [v])  # lists: leaf by leaf
+        for s, g in zip(_leaves(short), _leaves(general)):
+            assert type(s) is type(g) and s.dtype == g.dtype and s.shape == g.shape
+            np.testing.assert_array_equal(s, g)
+    assert jg.jvp(cases[2], (x,), (v,))[1].dtype == jg.float0  # an integer output's tangent
+    for bad in [(v[:4],), (v.astype(np.float64),), (v.astype(np.float16),)]:
+        assert not forward._plain_float_arrays((x,), bad)
+        with pytest.raises(jg.InputError, match="tangent of primal 0"):
+            jg.jvp(cases[0], (x,), bad)
+
+
+def _leaves(tree):
+    from jitgrad.tracing import trees
+    return trees.tree_flatten(tree)[0]

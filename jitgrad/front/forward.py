@@ -80,6 +80,22 @@ def _tangent_leaves(name: str, primals: Sequence[Any], tangents: Any, flat: Flat
     return found
 
 
+_PLAIN_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _plain_float_arrays(primals: Any, tangents: Any) -> bool:
+    """Are `primals` and `tangents` tuples of float32/float64 arrays, each tangent of its primal's shape and dtype?
+    Then `jvp` skips flattening and checking leaf by leaf (about 30 µs of a call): the compiled program checks its
+    arguments as any traced call does, and it gets the same arguments the general path passes it."""
+    if type(primals) is not tuple or type(tangents) is not tuple or len(primals) != len(tangents):
+        return False
+    for p, t in zip(primals, tangents):
+        if (type(p) is not np.ndarray or type(t) is not np.ndarray or p.dtype not in _PLAIN_DTYPES
+                or t.dtype != p.dtype or t.shape != p.shape):
+            return False
+    return True
+
+
 def _traced_jvp(fn: Callable[..., Any], flat: FlatArguments, tangents: dict[int, Any]) -> tuple[Any, Any, list]:
     """Inside a trace: the output structure, the output leaves, and per output leaf its tangent (None if not
     float)."""
@@ -128,6 +144,11 @@ def jvp(fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any])
     its primal's shape and dtype (float0 for integer and bool leaves); output tangents come in the output's
     structure (float0 zeros for non-float outputs)."""
     base = fn.fn if isinstance(fn, Traced) else fn
+    if _plain_float_arrays(primals, tangents):
+        out, tangent_outs = _jvp_program(base)(primals, list(tangents))
+        if isinstance(out, (np.ndarray, np.generic)) and tangent_outs[0] is not None:  # one float array out
+            return out, tangent_outs[0]
+        return out, _with_float0(out, tangent_outs)
     name = f"jg.jvp of {function_name(base)}"
     if not isinstance(primals, (tuple, list)):
         raise InputError(f"{name}: primals must be a tuple of the arguments, got {type(primals).__name__}")
