@@ -56,14 +56,20 @@ def _wanted() -> bool:
     return os.environ.get(PIN_ENV, "1") != "0" and hasattr(os, "sched_setaffinity")
 
 
+def _pool_started() -> bool:
+    """Has numba started its pool in this process (or forked from one that had)? True where this numba does not
+    say (its private `_is_initialized` and `_launch_threads`): then numba starts the pool itself, unpinned."""
+    return getattr(numba_parallel, "_is_initialized", True) or not hasattr(numba_parallel, "_launch_threads")
+
+
 def start() -> None:
     """Start numba's thread pool in this process, its workers pinned (once per process; a forked child whose
     parent started it pins around its first parallel call instead, `around_first_call`)."""
     global _settled_pid
-    if _settled_pid == os.getpid() or numba_parallel._is_initialized:
+    if _settled_pid == os.getpid() or _pool_started():
         return
     with _lock:
-        if _settled_pid == os.getpid() or numba_parallel._is_initialized:
+        if _settled_pid == os.getpid() or _pool_started():
             return
         before = _threads()
         numba_parallel._launch_threads()
