@@ -37,7 +37,7 @@ def _imports(name: str, path: pathlib.Path, modules: set[str]) -> set[str]:
     is_package = path.name == "__init__.py"
     base = name if is_package else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -104,7 +104,7 @@ CPU_READERS = {"jitgrad.front.explain"}  # outside kernels/cpu/, still reads the
 
 def test_kernels_read_primitive_fields_never_names() -> None:
     for path in PACKAGES["jitgrad.kernels"].rglob("*.py"):
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         assert not re.search(r"prim\.name\b", text), path  # not compared, not looked up, not printed
         if path.relative_to(PACKAGES["jitgrad.kernels"]).as_posix() not in NAMES_A_PRIMITIVE:
             assert "PRIMITIVES" not in text and "jitgrad.ops" not in text, path  # nor a primitive object
@@ -155,7 +155,7 @@ def test_no_primitive_is_looked_up_by_name_outside_its_record() -> None:
     for name, path in _modules().items():
         if name == "jitgrad.ops" or name.startswith("jitgrad.ops.") or name == "jitgrad.ir.primitive":
             continue
-        assert _name_lookups(path.read_text()) == [], name
+        assert _name_lookups(path.read_text(encoding="utf-8")) == [], name
 
 
 def test_lax_binds_the_primitive_objects_the_ops_declare(monkeypatch) -> None:
@@ -218,7 +218,7 @@ SAY_WHY_OVER = 400  # a module longer than this says why in its first 12 lines (
 
 def test_no_module_is_longer_than_450_lines_nor_over_400_without_saying_why() -> None:
     for path in list(PACKAGES["jitgrad"].rglob("*.py")) + list(PACKAGES["jitgrad.kernels"].rglob("*.py")):
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
         assert len(lines) <= MAX_LINES, f"{path} has {len(lines)} lines: split it by what its parts are"
         if len(lines) > SAY_WHY_OVER:
             head = "\n".join(lines[:12])
@@ -231,7 +231,7 @@ def test_only_the_cuda_folder_and_the_registry_mention_cuda() -> None:
     """`grep -ril cuda jitgrad kernels --include=*.py` finds kernels/cuda/ and jitgrad/runtime/backends.py only: a
     backend is one folder plus its registry line, and nothing else knows it (docstrings say "device backends")."""
     found = sorted(path.relative_to(ROOT).as_posix() for folder in PACKAGES.values() for path in folder.rglob("*.py")
-                   if "cuda" in path.read_text().lower())
+                   if "cuda" in path.read_text(encoding="utf-8").lower())
     assert found, "the CUDA backend's folder is gone: nothing to check"
     assert [f for f in found if not f.startswith("kernels/cuda/") and f != CHOOSES_BACKENDS_FILE] == []
 
@@ -239,7 +239,7 @@ def test_only_the_cuda_folder_and_the_registry_mention_cuda() -> None:
 def test_choosing_a_backend_is_a_registry_lookup() -> None:
     """`backends.backend` looks the device up in `REGISTRY` (no string switch), and every backend that loads
     here has every member of the `Backend` protocol under the name it is registered by."""
-    tree = ast.parse((ROOT / CHOOSES_BACKENDS_FILE).read_text())
+    tree = ast.parse((ROOT / CHOOSES_BACKENDS_FILE).read_text(encoding="utf-8"))
     compared = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)
                 for c in [n.left, *n.comparators] if isinstance(c, ast.Constant) and isinstance(c.value, str)]
     assert compared == [], "backends compares device names with strings"
@@ -370,5 +370,5 @@ def test_jitgrad_has_at_most_ten_top_level_modules_besides_its_wings() -> None:
     assert {f"jitgrad.{m}" if m != "__init__" else "jitgrad" for m in top} == TOP_LEVEL and len(top) <= 10
     for wing in WINGS:
         if wing != "kernels":
-            doc = ast.get_docstring(ast.parse((PACKAGES["jitgrad"] / wing / "__init__.py").read_text()))
+            doc = ast.get_docstring(ast.parse((PACKAGES["jitgrad"] / wing / "__init__.py").read_text(encoding="utf-8")))
             assert doc and "Imports" in doc, wing  # what the wing owns and what it may import
