@@ -125,9 +125,8 @@ def ulp_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     nan = np.isnan(got) | np.isnan(want)
     smallest_normal = np.finfo(got.dtype).smallest_normal
-    with np.errstate(invalid="ignore"):
-        subnormal_step = (((got == 0) & (np.abs(want) < smallest_normal))
-                          | ((want == 0) & (np.abs(got) < smallest_normal))) & (np.signbit(got) == np.signbit(want))
+    subnormal_step = (((got == 0) & (np.abs(want) < smallest_normal))
+                      | ((want == 0) & (np.abs(got) < smallest_normal))) & (np.signbit(got) == np.signbit(want))
     special = nan | np.isinf(got) | np.isinf(want) | (((got == 0) | (want == 0)) & ~subnormal_step)
     same = (np.isnan(got) & np.isnan(want)) | ((got == want) & (np.signbit(got) == np.signbit(want)))
     with np.errstate(invalid="ignore"):

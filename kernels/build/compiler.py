@@ -228,8 +228,7 @@ def _call_parallel(fn: Callable[..., Any], args: list[Any]) -> None:
         fn(*args)
         return
     with _parallel_lock:
-        with pinned_pool.around_first_call():
-            fn(*args)
+        pinned_pool.call(fn, *args)  # the first parallel call of a forked child pins the pool it starts
         try:
             _parallel_calls_safe = numba.threading_layer() != "workqueue"
         except ValueError:  # no parallel region has run yet: the layer is still unknown

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Iterator
+from typing import Any, Callable
 
 import numba
 from numba.np.ufunc import parallel as numba_parallel
@@ -64,30 +64,24 @@ def _pool_started() -> bool:
 
 def start() -> None:
     """Start numba's thread pool in this process, its workers pinned (once per process; a forked child whose
-    parent started it pins around its first parallel call instead, `around_first_call`)."""
-    global _settled_pid
+    parent started it pins around its first parallel call instead, `call`)."""
     if _settled_pid == os.getpid() or _pool_started():
         return
     with _lock:
-        if _settled_pid == os.getpid() or _pool_started():
-            return
-        before = _threads()
-        numba_parallel._launch_threads()
-        _settled_pid = os.getpid()
-        if _wanted():
-            _pin(_threads() - before)
+        if _settled_pid != os.getpid() and not _pool_started():
+            call(numba_parallel._launch_threads)
 
 
-@contextlib.contextmanager
-def around_first_call() -> Iterator[None]:
-    """Around a parallel kernel call: in a process whose pool did not start in `start` (a forked child's
-    starts inside its first parallel call), pin the workers that call starts. Callers hold the parallel lock."""
+def call(fn: Callable[..., Any], *args: Any) -> None:
+    """`fn(*args)`; the first time in this process, pin the numba workers that appear while it runs (numba's pool
+    starts inside it: `start`'s launch, or a forked child's first parallel call). Callers keep other threads'
+    parallel work out meanwhile (the compiler's parallel lock, `start`'s lock)."""
     global _settled_pid
     if _settled_pid == os.getpid():
-        yield
+        fn(*args)
         return
     before = _threads()
-    yield
+    fn(*args)
     _settled_pid = os.getpid()
     if _wanted():
         _pin(_threads() - before)
