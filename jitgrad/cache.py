@@ -17,7 +17,6 @@ directories are made 0700, and one that others can write or another user owns is
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import logging
 import os
 import stat
@@ -70,9 +69,10 @@ def base_dir() -> str:
 @lru_cache(maxsize=None)
 def version_tag() -> str:
     """The part of the key that is the same for every kernel: jitgrad, numba and Python versions."""
-    versions = {name: importlib.metadata.version(name) for name in ("jitgrad", "numba")}
-    return (f"jitgrad-{versions['jitgrad']}-numba-{versions['numba']}-"
-            f"py{sys.version_info.major}{sys.version_info.minor}")
+    import numba
+
+    from jitgrad import __version__  # the package's, which tests/test_install.py keeps equal to pyproject's
+    return f"jitgrad-{__version__}-numba-{numba.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
 
 
 def directory() -> str | None:

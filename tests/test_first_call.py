@@ -1,7 +1,8 @@
 """The numpy first call (kernels/cpu/first_call.py): a new executable's first call runs the graph on numpy while
 its kernels compile (the default; the rest of the suite runs with JITGRAD_FIRST_CALL=compiled, tests/conftest.py);
 the second waits for them and every later call runs them. Each test gets an empty
-kernel cache of its own, so that the kernels are not on disk already (a warm first call runs compiled)."""
+kernel cache of its own, so that the kernels are not on disk already; a warm first call (a new process on a filled
+disk cache) runs on numpy too, while the kernels load, unless numpy's passes would take longer."""
 import os
 import subprocess
 import sys
@@ -104,6 +105,57 @@ def test_a_call_whose_kernels_are_on_disk_runs_compiled(numpy_first) -> None:
     before = first_call.STATS["numpy_calls"]
     jg.trace(chain).value_and_grad(w, x)
     assert first_call.STATS["numpy_calls"] == before
+
+
+WARM_CHILD = r"""
+import sys
+import numpy as np
+import jitgrad as jg
+from jitgrad.kernels.build import compiler
+from jitgrad.kernels.cpu import first_call
+first_call.LOAD_ELEMENTS = int(sys.argv[1])
+w, x = np.linspace(-1, 1, 4000, dtype=np.float32), np.linspace(0, 2, 4000, dtype=np.float32)
+f = jg.trace(lambda w, x: np.sum(np.tanh(w * x) * np.exp(-x * x) + np.sin(w) / (1.0 + x * x)))
+v0, g0 = f.value_and_grad(w, x, argnums=(0, 1))
+numpy_calls = first_call.STATS["numpy_calls"]
+v1, g1 = f.value_and_grad(w, x, argnums=(0, 1))
+compiler.wait_for_background_compiles()
+error = max(abs(float(v0) - float(v1)) / abs(float(v1)), *(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+                                                          for a, b in zip(g0, g1)))
+print(numpy_calls, first_call.STATS["numpy_calls"], compiler.stats()["builds"], compiler.stats()["disk_hits"], error)
+"""
+
+
+def test_a_warm_first_call_runs_on_numpy_while_its_kernels_load(tmp_path) -> None:
+    """A new process on a disk cache a first process filled: its first call runs numpy, its second loads the kernels
+    (disk hits, nothing compiled); with more work than numpy does in the time of the loads, the first call loads."""
+    env = dict(os.environ, JITGRAD_FIRST_CALL="numpy", JITGRAD_CACHE_DIR=str(tmp_path))
+
+    def child(load_elements: int) -> list[float]:
+        proc = subprocess.run([sys.executable, "-c", WARM_CHILD, str(load_elements)], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [float(v) for v in proc.stdout.split()]
+
+    numpy_first, numpy_calls, builds, _, error = child(first_call.LOAD_ELEMENTS)
+    assert (numpy_first, numpy_calls) == (1, 1) and builds > 0 and error <= 1e-5  # cold: numpy, then compiled
+    numpy_first, numpy_calls, builds, disk_hits, error = child(first_call.LOAD_ELEMENTS)
+    assert (numpy_first, numpy_calls, builds) == (1, 1, 0) and disk_hits > 0 and error <= 1e-5
+    numpy_first, numpy_calls, builds, disk_hits, _ = child(1)  # one element per kernel: loading is cheaper
+    assert (numpy_first, numpy_calls, builds) == (0, 0, 0) and disk_hits > 0
+
+
+def test_a_first_calls_guessed_array_types_are_numbas() -> None:
+    """`first_call.numba_type` makes a plain array's type without `numba.typeof`: it must make the same types."""
+    import numba
+    base = np.zeros((4, 6), np.float32)
+    readonly = np.ones(5)
+    readonly.flags.writeable = False
+    arrays = [base, base.T, base[:, ::2], base[::2], np.zeros(3, np.int64), np.zeros((), np.float64), readonly,
+              np.zeros((2, 3, 4), np.bool_)[:, 1], np.asfortranarray(np.ones((3, 2), np.float64))]
+    typed: dict = {}
+    for a in arrays:
+        assert first_call.numba_type(a, typed) == numba.typeof(a), a.flags
 
 
 def test_compiled_mode_and_a_bad_mode(monkeypatch, tmp_path) -> None:

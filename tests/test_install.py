@@ -44,6 +44,13 @@ def test_an_older_numpy_is_refused_at_import_with_what_to_do(tmp_path) -> None:
     assert "pip install -U 'numpy>=2.4'" in run.stderr
 
 
+def test_the_package_version_is_pyprojects() -> None:
+    """The cache keys on `jitgrad.__version__` (`jitgrad.cache.version_tag`): it must change with the release."""
+    import jitgrad
+
+    assert re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1) == jitgrad.__version__
+
+
 def test_the_numpy_floor_of_pyproject_is_the_one_import_checks() -> None:
     assert floor("numpy") == "2.4"
     assert "(2, 4)" in (ROOT / "jitgrad" / "__init__.py").read_text()

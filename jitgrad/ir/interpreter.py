@@ -27,7 +27,8 @@ def evaluate(graph: Graph, args: Sequence[Any]) -> list[np.ndarray]:
         result = e.prim.impl(*[read(a) for a in e.inputs], **e.params)
         results = result if len(e.outs) > 1 else [result]
         for var, value in zip(e.outs, results):
-            value = np.asarray(value).astype(var.aval.dtype, copy=False)
+            if type(value) is not np.ndarray or value.dtype != var.aval.dtype:
+                value = np.asarray(value).astype(var.aval.dtype, copy=False)
             if value.shape != var.aval.shape:
                 raise ValueError(f"{e.prim.name} produced shape {value.shape}, but the IR declares {var.aval}")
             env[var] = value

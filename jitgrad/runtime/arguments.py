@@ -20,6 +20,7 @@ from jitgrad.tracing.tracer import SUPPORTED_DTYPES
 
 WEAK_DTYPES = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64)}
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+_MASKED = "numpy.ma"  # no masked array exists until it is imported: `np.ma` would import it (~5 ms)
 
 
 def static_key(x: Any) -> Any:
@@ -101,7 +102,7 @@ def arg_aval(what: str | int, x: Any, fname: str, device: str = "cpu") -> Aval:
             raise InputError(f"{fname}: {what} is the Python int {x}, outside int64's range; pass it as a "
                              f"float, or as a numpy array of the dtype you need")
         return Aval((), WEAK_DTYPES[type(x)], True)
-    if isinstance(x, (np.ma.MaskedArray, np.matrix)):
+    if isinstance(x, np.matrix) or (_MASKED in sys.modules and isinstance(x, sys.modules[_MASKED].MaskedArray)):
         raise InputError(f"{fname}: {what} is a numpy {type(x).__name__}, whose semantics (masks, matrix "
                          f"products) jitgrad does not follow; pass a plain array (e.g. x.filled(0) or np.asarray(x))")
     if isinstance(x, (np.ndarray, np.generic)):

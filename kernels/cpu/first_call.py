@@ -5,7 +5,10 @@ fusing it takes a tenth of that. Where some kernel is neither compiled in this p
 first call starts compiling them all in the background (`kernels.build.background`, with the compile
 helper process taking the largest), runs the optimised graph through the primitives' numpy references
 (`interpreter`), and returns. The second call waits for those compiles, and it and every later call run
-the compiled kernels. Which call runs where is a fixed rule, never timing. The first call's numbers are
+the compiled kernels. A warm start (every kernel compiled here or on disk, some still to load: a new process
+on a filled disk cache) runs numpy too while the kernels load after it (~5 ms a kernel, and numba's own
+start-up of ~40 ms in a new process), unless numpy's passes would take longer than those loads.
+Which call runs where is a fixed rule, never timing. The first call's numbers are
 numpy's, within the documented ulp bounds of the kernels' (docs/ops.md; a sum's association order
 differs), so a procedure comparing the first call with later ones in the last bits sees a step:
 JITGRAD_FIRST_CALL=compiled runs every call on the kernels, and `jg.gradcheck` always does
@@ -18,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import threading
 from typing import Any, Iterator, Sequence
 
 import numba
 import numpy as np
+from numba.np import numpy_support
 
 from jitgrad.kernels.build import progress
 from jitgrad.ir.interpreter import evaluate
@@ -33,6 +38,7 @@ from jitgrad.kernels.build import background, compiler, helper, quick_codegen
 ENV = "JITGRAD_FIRST_CALL"
 MODES = ("numpy", "compiled")
 MAX_ELEMENTS = 1 << 25  # elements written by all of a graph's equations together (one float32 pass: ~10 ms)
+LOAD_ELEMENTS = 1 << 24  # numpy's passes over as many elements take about as long as loading one kernel (~5 ms)
 log = logging.getLogger("jitgrad.compile")
 STATS = {"numpy_calls": 0}  # first calls run on numpy (`cache_info()["numpy_calls"]`)
 _compiled_only: contextvars.ContextVar[bool] = contextvars.ContextVar("jitgrad_compiled_only", default=False)
@@ -66,20 +72,23 @@ def stand_in(aval: Any) -> np.ndarray:
 
 def numba_type(value: Any, typed: dict[Any, Any]) -> Any:
     """numba's type of `value`; an array's found once in `typed` per what numba's type of an array says (dtype, rank,
-    layout, writeable, aligned): an unrolled loop's steps pass the same kinds of arrays again and again."""
+    layout, writeable): an unrolled loop's steps pass the same kinds of arrays again and again. A plain array's type
+    is made as `numba.typeof` makes it, without its check for masked arrays, which imports numpy.ma (~5 ms of a
+    warm first call): a test keeps the two equal."""
     if type(value) is not np.ndarray:
         return numba.typeof(value)
     flags = value.flags
-    key = (value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable, flags.aligned)
+    key = (value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable)
     found = typed.get(key)
     if found is None:
-        found = typed[key] = numba.typeof(value)
+        found = typed[key] = numba.types.Array(numpy_support.from_dtype(value.dtype), value.ndim,
+                                               numpy_support.map_layout(value), readonly=not flags.writeable)
     return found
 
 
 def work(graph: Graph) -> int:
     """Elements written by the graph's equations: the size of the numpy run's temporaries, all told."""
-    return sum(int(np.prod(o.aval.shape, dtype=np.int64)) for e in graph.eqns for o in e.outs)
+    return sum(math.prod(map(int, o.aval.shape)) for e in graph.eqns for o in e.outs)
 
 
 def kernel_key(compiled: compiler.CompiledSource, signature: tuple) -> tuple:
@@ -88,26 +97,18 @@ def kernel_key(compiled: compiler.CompiledSource, signature: tuple) -> tuple:
     return (id(compiled), *map(id, signature))
 
 
-def _built(compiled: compiler.CompiledSource, variant: str, signature: tuple) -> bool:
-    """Is `variant` for `signature` compiled in this process or in the disk cache?"""
-    fn = compiled.functions[variant]
-    if signature in fn.overloads:
-        return True
-    disk = getattr(fn, "_cache", None)
-    return isinstance(disk, compiler.DiskCache) and os.path.exists(disk.entry_path(signature, fn.targetctx.codegen()))
-
-
 class NumpyFirstCall:
     """One executable's numpy first call and the background compile of its kernels (`targets`: each kernel's
     compiled source and the argument types it will get) that its second call waits for."""
 
     def __init__(self, graph: Graph, variants: tuple[str, str], targets: Sequence[tuple[compiler.CompiledSource, tuple]],
-                 label: str):
+                 label: str, loads: dict[tuple, str] | None = None):
         self.graph = graph
         self.label = label
         self.serial, self.quick = variants
         self.variant = self.serial  # what `_build` compiles: the quick code where the runtime will run it
         self.targets = list(targets)
+        self.loads = loads  # a warm start: per `kernel_key`, the variant each kernel loads (all built already)
         self.state = "queued"  # -> running -> done; or cancelled (by a second call arriving first)
         self.pid = os.getpid()
         self.lock = threading.Lock()
@@ -117,7 +118,7 @@ class NumpyFirstCall:
     def run(self, args: Sequence[np.ndarray]) -> list[np.ndarray] | None:
         """Queue the compiles, then the graph's outputs by numpy; None if numpy could not run it (the caller
         runs the compiled first call, which raises what there is to raise)."""
-        self.jobs = self._offer()
+        self.jobs = self._offer() if self.loads is None else []
         try:
             with np.errstate(all="ignore"):  # the kernels warn of nothing: neither does their stand-in
                 outs = evaluate(self.graph, args)
@@ -140,7 +141,7 @@ class NumpyFirstCall:
         report = progress.first_call(self.label, len(self.targets))
         while not self.done.wait(0.25):
             if report is not None:
-                report.waiting(sum(sig in c.functions[self.variant].overloads for c, sig in self.targets))
+                report.waiting(sum(sig in c.functions[self._variant(c, sig)].overloads for c, sig in self.targets))
         if report is not None:
             report.end(completed=True)
 
@@ -154,6 +155,10 @@ class NumpyFirstCall:
         finally:
             self.state = "done"
             self.done.set()
+
+    def _variant(self, compiled: compiler.CompiledSource, sig: tuple) -> str:
+        """The variant of this kernel that `_build` compiles or loads."""
+        return self.variant if self.loads is None else self.loads[kernel_key(compiled, sig)]
 
     def _jobs(self, variant: str) -> dict[tuple, helper.Job]:
         return {job.key: job for compiled, sig in self.targets for job in [helper.job_for(compiled, variant, sig)]
@@ -187,7 +192,7 @@ class NumpyFirstCall:
                 compile_helper.take(key)
         for compiled, sig in self.targets:
             try:
-                compiled.functions[self.variant].compile(sig)
+                compiled.functions[self._variant(compiled, sig)].compile(sig)
             except Exception:  # noqa: BLE001 - left for the call that runs it, which raises it
                 log.debug("background compile of %s failed", compiled.name, exc_info=True)
 
@@ -221,12 +226,26 @@ class Tier:
 
 def plan(graph: Graph, variants: tuple[str, str],
          targets: Sequence[tuple[compiler.CompiledSource, tuple]], label: str) -> NumpyFirstCall | None:
-    """A numpy first call for an executable whose kernels are `targets`, or None to compile first: the mode
-    says so, every kernel is compiled or on disk already (loading is quick), or the graph's work is too large."""
+    """A numpy first call for an executable whose kernels are `targets`, or None to compile (or load) first: the mode
+    says so, every kernel is compiled in this process already, or the graph's work is too large: more than
+    MAX_ELEMENTS, or on a warm start (every kernel compiled here or on disk) more than LOAD_ELEMENTS per kernel to
+    load, numpy's passes then costing more than loading the kernels."""
     if mode() != "numpy":  # first: the checks below look for every kernel on disk
         return None
-    distinct = {kernel_key(c, sig): (c, sig) for c, sig in targets}.values()
-    if all(any(_built(c, variant, sig) for variant in variants) for c, sig in distinct) or work(graph) > MAX_ELEMENTS:
+    distinct = {kernel_key(c, sig): (c, sig) for c, sig in targets}
+    loads: dict[tuple, str] | None = {}
+    to_load = 0
+    for key, (c, sig) in distinct.items():
+        built_here = next((v for v in variants if sig in getattr(c.functions.get(v), "overloads", ())), None)
+        found = built_here or next((v for v in variants if c.built(v, sig)), None)
+        if found is None:
+            loads = None
+            break
+        loads[key] = found
+        to_load += built_here is None
+    if loads is not None and to_load == 0:
         return None
-    return NumpyFirstCall(graph, variants, targets, label)
-
+    elements = work(graph)
+    if elements > (MAX_ELEMENTS if loads is None else min(MAX_ELEMENTS, LOAD_ELEMENTS * to_load)):
+        return None
+    return NumpyFirstCall(graph, variants, targets, label, loads)
