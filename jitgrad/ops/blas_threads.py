@@ -5,8 +5,8 @@ whose cores other work keeps busy, each split product waits for a thread that mu
 measured on 2 cores beside other jobs, the small transformer block's step took 190-350 ms in three of
 five fresh processes (each of its 68 products about 3 ms) against 6 ms with one OpenBLAS thread.
 So OpenBLAS's thread count is set to 1 around every product jitgrad runs and put back after it: products
-of at most SMALL_PRODUCT multiply-adds (0.5-2 ms on one core) have numpy's one-thread bits. Products of
-more than SPLIT_FROM (= SMALL_PRODUCT) multiply-adds are cut into PARTS slices of the output (rows, or
+of at most SPLIT_FROM multiply-adds (up to 0.3 ms on one core) have numpy's one-thread bits. Products of
+more than SPLIT_FROM multiply-adds are cut into PARTS slices of the output (rows, or
 columns when there are more of them), each an ordinary one-thread np.matmul into its slice; the caller
 computes the first and hands the second to a helper thread when that is idle, taking it back if the
 helper has not started it by the time the first is done (cores busy; the helper is then left out for the
@@ -14,8 +14,10 @@ next LATE_SKIP products). Each part is the same one-thread call whoever runs it,
 depend on the load, the core count or whether the parts ran side by side: the rule reads the shape and
 dtype only (OpenBLAS's bits depend on its thread count, and a part's bits differ from the whole
 product's in the last places). JITGRAD_BLAS_SPLIT=0 (read at import) turns the split off: larger
-products then keep numpy's setting, as before. A lower SPLIT_FROM (2^22 tried) also splits the medium
-LSTM's 2^24 products: on a loaded 2-core machine that was no better, on a quiet one it is unmeasured.
+products up to SMALL_PRODUCT then run on one thread, larger ones keep numpy's setting. SPLIT_FROM was 2^24
+until the medium LSTM's 2^23 and 2^24 products were measured split (bench/run.py, torch first, two runs each):
+its step took 33.7-34.5 ms against 40.2-40.5 unsplit (torch.compile 32.8-33.0 in the same runs), and beside a
+busy core 41.8 against 40.7 ms (the helper then mostly late, the parts in turn); no other row moved.
 
 The count is process-wide: a numpy product another thread starts while a product runs here also gets
 one thread. Nested and concurrent products share one setting (a depth count under a lock); where
@@ -97,7 +99,7 @@ def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     return int(np.prod(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]), dtype=np.int64)) * product
 
 
-SPLIT_FROM = SMALL_PRODUCT  # multiply-adds: above this a product is computed as PARTS one-thread products
+SPLIT_FROM = 1 << 22  # multiply-adds: above this a product is computed as PARTS one-thread products
 PARTS = 2  # fixed, like the rule's other inputs: never the machine's core count or load
 LATE_SKIP = 16  # products run without the helper after it did not start in time (cores busy)
 SPLIT = os.environ.get("JITGRAD_BLAS_SPLIT", "1") != "0"  # JITGRAD_BLAS_SPLIT=0: numpy's product, as before
