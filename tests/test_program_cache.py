@@ -229,3 +229,33 @@ def test_values_written_once_per_text_are_still_told_apart_by_type_and_sign() ->
         assert repr(("shape", graph_keys._param(s))) in text
     assert "((np.int64(1), 2), '<f4', False)" in text and "((1, 2), '<f4', False)" in text
     assert text == graph_keys.describe(Graph(graph.inputs, eqns, [eqns[-1].outs[0]], graph.input_names))
+
+
+def test_the_code_digest_is_read_again_only_when_a_file_changed(tmp_path, monkeypatch) -> None:
+    """code_digest keeps its value in the cache folder beside a hash of the files' paths, sizes and times: a new
+    process with unchanged files reuses it; an edited file (another size or time) makes it hash the files again."""
+    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    sources = tmp_path / "code"
+    sources.mkdir()
+    files = [sources / "a.py", sources / "b.py"]
+    for i, f in enumerate(files):
+        f.write_text(f"x = {i}\n")
+    monkeypatch.setattr(graph_keys, "_code_files", lambda: [(str(f), f.name) for f in files])
+
+    def fresh_digest() -> str:
+        graph_keys.code_digest.cache_clear()
+        return graph_keys.code_digest()
+
+    first = fresh_digest()
+    stored = os.path.join(cache.directory(), graph_keys.CODE_DIGEST_FILE)
+    signature = open(stored).read().split("\n")[0]
+    with open(stored, "w") as fh:  # a stored value is believed while the files' signature matches
+        fh.write(f"{signature}\n{'0' * 64}")
+    assert fresh_digest() == "0" * 64
+    files[1].write_text("x = 12\n")  # another size: hashed again
+    second = fresh_digest()
+    assert second not in (first, "0" * 64)
+    files[1].write_text("x = 1\n")
+    os.utime(files[1], ns=(1, 1))  # the first content, another time: hashed again, the first digest
+    assert fresh_digest() == first
+    graph_keys.code_digest.cache_clear()

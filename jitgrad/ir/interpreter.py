@@ -23,16 +23,19 @@ def evaluate(graph: Graph, args: Sequence[Any]) -> list[np.ndarray]:
 
     last_use = {a: i for i, e in enumerate(graph.eqns) for a in e.inputs if not isinstance(a, Literal)}
     kept = {a for a in graph.outputs if not isinstance(a, Literal)}
-    for i, e in enumerate(graph.eqns):
-        result = e.prim.impl(*[read(a) for a in e.inputs], **e.params)
-        results = result if len(e.outs) > 1 else [result]
-        for var, value in zip(e.outs, results):
-            if type(value) is not np.ndarray or value.dtype != var.aval.dtype:
-                value = np.asarray(value).astype(var.aval.dtype, copy=False)
-            if value.shape != var.aval.shape:
-                raise ValueError(f"{e.prim.name} produced shape {value.shape}, but the IR declares {var.aval}")
+    drops: list[list[Any]] = [[] for _ in graph.eqns]  # the values no later equation reads: the peak is what is live
+    for a, i in last_use.items():
+        if a not in kept:
+            drops[i].append(a)
+    for e, dropped in zip(graph.eqns, drops):
+        result = e.prim.impl(*[a.value if isinstance(a, Literal) else env[a] for a in e.inputs], **e.params)
+        for var, value in zip(e.outs, result if len(e.outs) > 1 else (result,)):
+            aval = var.aval
+            if type(value) is not np.ndarray or value.dtype != aval.dtype:
+                value = np.asarray(value).astype(aval.dtype, copy=False)
+            if value.shape != aval.shape:
+                raise ValueError(f"{e.prim.name} produced shape {value.shape}, but the IR declares {aval}")
             env[var] = value
-        for a in e.inputs:  # a value no later equation reads is dropped: the peak is what is live at once
-            if last_use.get(a) == i and a not in kept:
-                env.pop(a, None)
+        for a in dropped:
+            env.pop(a, None)
     return [np.array(read(a), copy=True) for a in graph.outputs]
