@@ -231,31 +231,35 @@ def test_values_written_once_per_text_are_still_told_apart_by_type_and_sign() ->
     assert text == graph_keys.describe(Graph(graph.inputs, eqns, [eqns[-1].outs[0]], graph.input_names))
 
 
-def test_the_code_digest_is_read_again_only_when_a_file_changed(tmp_path, monkeypatch) -> None:
-    """code_digest keeps its value in the cache folder beside a hash of the files' paths, sizes and times: a new
-    process with unchanged files reuses it; an edited file (another size or time) makes it hash the files again."""
-    monkeypatch.setenv("JITGRAD_CACHE_DIR", str(tmp_path / "cache"))
+def test_the_code_digest_changes_with_any_file(tmp_path, monkeypatch) -> None:
+    """code_digest keys on each file's path, size, inode and time: an edit of another size, a rewrite at another
+    time (the same size) or a file replaced by another (a new inode) is another digest; unchanged files, the same."""
     sources = tmp_path / "code"
     sources.mkdir()
     files = [sources / "a.py", sources / "b.py"]
     for i, f in enumerate(files):
         f.write_text(f"x = {i}\n")
+        os.utime(f, ns=(10**18, 10**18))
     monkeypatch.setattr(graph_keys, "_code_files", lambda: [(str(f), f.name) for f in files])
 
     def fresh_digest() -> str:
         graph_keys.code_digest.cache_clear()
         return graph_keys.code_digest()
 
-    first = fresh_digest()
-    stored = os.path.join(cache.directory(), graph_keys.CODE_DIGEST_FILE)
-    signature = open(stored).read().split("\n")[0]
-    with open(stored, "w") as fh:  # a stored value is believed while the files' signature matches
-        fh.write(f"{signature}\n{'0' * 64}")
-    assert fresh_digest() == "0" * 64
-    files[1].write_text("x = 12\n")  # another size: hashed again
-    second = fresh_digest()
-    assert second not in (first, "0" * 64)
-    files[1].write_text("x = 1\n")
-    os.utime(files[1], ns=(1, 1))  # the first content, another time: hashed again, the first digest
-    assert fresh_digest() == first
-    graph_keys.code_digest.cache_clear()
+    try:
+        first = fresh_digest()
+        assert fresh_digest() == first
+        files[1].write_text("x = 12\n")  # another size
+        os.utime(files[1], ns=(10**18, 10**18))
+        digests = {first, fresh_digest()}
+        files[1].write_text("x = 7\n")  # the first size, another time
+        digests.add(fresh_digest())
+        replacement = sources / "b.new"
+        replacement.write_text("x = 7\n")
+        before = os.stat(files[1])
+        os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))
+        os.replace(replacement, files[1])  # the same size and time, another inode
+        digests.add(fresh_digest())
+        assert len(digests) == 4
+    finally:
+        graph_keys.code_digest.cache_clear()
