@@ -183,7 +183,8 @@ def first_calls(workload: Any, size: int, mode: str, inputs: Any, candidates: li
 
 def settle_jitgrad(runs: dict[str, Callable[[], Any]]) -> float:
     """jitgrad's first call leaves compiles to the background: the full-level code of its quick kernels once they
-    run again (`jitgrad.kernels.cpu.executor.PROMOTE_AT_CALL`), and parallel variants. Run it that often more, then wait for
+    run again (`jitgrad.kernels.cpu.executor.PROMOTE_AT_CALL`), and parallel variants. Run it that often more (once
+    more than that: a first call that ran on numpy, `jitgrad.kernels.cpu.first_call`, ran no kernel), then wait for
     them, so the timing sees the code it keeps; the seconds waited. Then the calls that time each large kernel's
     variants and then whole calls spread against on one core (`jitgrad.kernels.cpu.variants`), untimed, as a
     user's first steps: the timed rounds see the choices a run keeps."""
@@ -192,7 +193,7 @@ def settle_jitgrad(runs: dict[str, Callable[[], Any]]) -> float:
     from jitgrad.kernels.build import compiler
 
     run = runs.get("jitgrad")
-    for _ in range(runtime.PROMOTE_AT_CALL - 1 if run is not None else 0):
+    for _ in range(runtime.PROMOTE_AT_CALL if run is not None else 0):
         run()
     start = time.perf_counter()
     compiler.wait_for_background_compiles()
