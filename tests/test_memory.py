@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import numpy as np
 import pytest
@@ -90,6 +91,43 @@ def test_pooled_bytes_respect_the_limit(monkeypatch) -> None:
     assert buffers.budget.held == 0
 
 
+def test_the_default_pool_limit_is_a_share_of_the_memory_the_process_may_use(monkeypatch, tmp_path) -> None:
+    """1/32 of the machine's memory or of a lower cgroup limit, never below 256 MB."""
+    machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    unlimited, limited = tmp_path / "unlimited", tmp_path / "limited"
+    unlimited.write_text("max\n")
+    limited.write_text(f"{machine // 4}\n")
+    for files, usable in [([str(unlimited), str(tmp_path / "absent")], machine), ([str(limited)], machine // 4)]:
+        monkeypatch.setattr(buffers, "_cgroup_memory_limit_files", lambda files=files: files)
+        buffers.default_pool_bytes.cache_clear()
+        assert buffers.usable_memory_bytes() == usable
+        assert buffers.default_pool_bytes() == max(256 * 2**20, usable // 32)
+    monkeypatch.undo()
+    buffers.default_pool_bytes.cache_clear()
+    monkeypatch.delenv("JITGRAD_BUFFER_POOL_MB", raising=False)
+    assert buffers.pool_limit_bytes() == buffers.default_pool_bytes() >= 256 * 2**20
+
+
+def test_a_result_dropped_by_the_next_call_is_reused_when_two_fit_the_limit(monkeypatch) -> None:
+    """`r = f(x)` in a loop holds one result while the next call runs: with room for two arrays of it, calls
+    alternate between them (no fresh memory, no page faults); with room for one, every other call allocates."""
+    f = jg.trace(lambda a: np.exp(a) * 2.0)
+    x = np.linspace(0, 1, 2**17)  # a 1 MB result
+    for limit_mb, reused in (("2.5", 6), ("1.5", 3)):
+        monkeypatch.setenv("JITGRAD_BUFFER_POOL_MB", limit_mb)
+        jg.clear_caches()
+        r = f(x)
+        memories: list[weakref.ref] = []  # the array under each result (weak: holding it would stop its reuse)
+        found = 0
+        for _ in range(8):
+            r = f(x)
+            found += any(m() is r.base for m in memories)
+            memories.append(weakref.ref(r.base))
+            np.testing.assert_allclose(r, np.exp(x) * 2.0, rtol=1e-15)
+        assert found == (reused if buffers.POOLING else 0)
+        assert buffers.budget.held <= float(limit_mb) * 2**20
+
+
 def test_a_result_the_user_keeps_is_never_reused() -> None:
     f = jg.trace(lambda a: a * 2.0)
     x = np.ones(100_000)
@@ -111,7 +149,7 @@ def test_bad_settings_fall_back_to_the_defaults(monkeypatch, caplog, name, value
     monkeypatch.setenv(name, value)
     with caplog.at_level("WARNING"):
         limit = plans.max_plans() if name == "JITGRAD_MAX_PLANS" else buffers.pool_limit_bytes()
-    assert limit == (plans.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else int(buffers.DEFAULT_POOL_MB * 2**20))
+    assert limit == (plans.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else buffers.default_pool_bytes())
     assert name in caplog.text
 
 
