@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from jitgrad.kernels import buffers
+from jitgrad.kernels.pool_limit import pool_limit_bytes
 
 RING_BYTES = 4096  # larger outputs are allocated afresh: their kernels take long enough that allocation is noise
 SOLE_OWNER = buffers.SOLE_OWNER  # the ring's list, the generated function's local name, getrefcount's argument
@@ -21,7 +22,7 @@ SOLE_OWNER = buffers.SOLE_OWNER  # the ring's list, the generated function's loc
 
 def enabled() -> bool:
     """Do settled calls recycle their small outputs in this process (`buffers.POOLING` and a pool limit above 0)?"""
-    return buffers.POOLING and buffers.pool_limit_bytes() > 0
+    return buffers.POOLING and pool_limit_bytes() > 0
 
 
 def take_lines(var: str, allocate: str, ring: str, index: int) -> list[str]:

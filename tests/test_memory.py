@@ -14,7 +14,7 @@ import pytest
 
 import jitgrad as jg
 from jitgrad.ops import blas_threads
-from jitgrad.kernels import buffers
+from jitgrad.kernels import buffers, pool_limit
 from jitgrad.runtime import plans
 
 
@@ -98,14 +98,14 @@ def test_the_default_pool_limit_is_a_share_of_the_memory_the_process_may_use(mon
     unlimited.write_text("max\n")
     limited.write_text(f"{machine // 4}\n")
     for files, usable in [([str(unlimited), str(tmp_path / "absent")], machine), ([str(limited)], machine // 4)]:
-        monkeypatch.setattr(buffers, "_cgroup_memory_limit_files", lambda files=files: files)
-        buffers.default_pool_bytes.cache_clear()
-        assert buffers.usable_memory_bytes() == usable
-        assert buffers.default_pool_bytes() == max(256 * 2**20, usable // 32)
+        monkeypatch.setattr(pool_limit, "_cgroup_memory_limit_files", lambda files=files: files)
+        pool_limit.default_pool_bytes.cache_clear()
+        assert pool_limit.usable_memory_bytes() == usable
+        assert pool_limit.default_pool_bytes() == max(256 * 2**20, usable // 32)
     monkeypatch.undo()
-    buffers.default_pool_bytes.cache_clear()
+    pool_limit.default_pool_bytes.cache_clear()
     monkeypatch.delenv("JITGRAD_BUFFER_POOL_MB", raising=False)
-    assert buffers.pool_limit_bytes() == buffers.default_pool_bytes() >= 256 * 2**20
+    assert pool_limit.pool_limit_bytes() == pool_limit.default_pool_bytes() >= 256 * 2**20
 
 
 def test_a_result_dropped_by_the_next_call_is_reused_when_two_fit_the_limit(monkeypatch) -> None:
@@ -148,8 +148,8 @@ def test_reference_counts_show_sole_ownership_on_this_interpreter() -> None:
 def test_bad_settings_fall_back_to_the_defaults(monkeypatch, caplog, name, value) -> None:
     monkeypatch.setenv(name, value)
     with caplog.at_level("WARNING"):
-        limit = plans.max_plans() if name == "JITGRAD_MAX_PLANS" else buffers.pool_limit_bytes()
-    assert limit == (plans.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else buffers.default_pool_bytes())
+        limit = plans.max_plans() if name == "JITGRAD_MAX_PLANS" else pool_limit.pool_limit_bytes()
+    assert limit == (plans.DEFAULT_MAX_PLANS if name == "JITGRAD_MAX_PLANS" else pool_limit.default_pool_bytes())
     assert name in caplog.text
 
 
