@@ -270,11 +270,15 @@ class CompiledSource:
         if len(fn.overloads) != before:
             self._count_new_overloads(variant)
 
+    def compiled_here(self, variant: str, signature: tuple) -> bool:
+        """Is `variant` compiled (or loaded) in this process for `signature`? Makes no dispatcher."""
+        fn = self.functions.get(variant)
+        return fn is not None and signature in fn.overloads
+
     def built(self, variant: str, signature: tuple) -> bool:
         """Is `variant` compiled in this process for `signature`, or its machine code on disk? Makes no dispatcher
         (numba's costs ~0.4 ms)."""
-        fn = self.functions.get(variant)
-        if fn is not None and signature in fn.overloads:
+        if self.compiled_here(variant, signature):
             return True
         disk = getattr(self.functions, "caches", {}).get(variant)
         return disk is not None and disk.on_disk(signature, numba_registry.cpu_target.target_context.codegen())

@@ -236,7 +236,7 @@ def plan(graph: Graph, variants: tuple[str, str],
     loads: dict[tuple, str] | None = {}
     to_load = 0
     for key, (c, sig) in distinct.items():
-        built_here = next((v for v in variants if sig in getattr(c.functions.get(v), "overloads", ())), None)
+        built_here = next((v for v in variants if c.compiled_here(v, sig)), None)
         found = built_here or next((v for v in variants if c.built(v, sig)), None)
         if found is None:
             loads = None
