@@ -83,6 +83,46 @@ def test_a_split_product_has_the_bits_of_its_parts_in_turn_whoever_ran_them(two_
         np.testing.assert_allclose(want, exact, rtol=tol, atol=tol * 100)
 
 
+def test_a_product_whose_parts_numpy_runs_holding_the_gil_is_not_split(two_threads) -> None:
+    """The medium conv net's first-layer weight gradient: parts of 13 x 16 outputs, which numpy computes without
+    releasing the GIL, so the helper could not run one beside the caller; it runs whole on one thread."""
+    setter, _ = two_threads
+    rng = np.random.default_rng(4)
+    patches, grads = rng.standard_normal((32768, 27)).astype(np.float32), rng.standard_normal((32768, 16)).astype(
+        np.float32)
+    assert blas_threads.multiply_adds((27, 32768), (32768, 16)) > blas_threads.SPLIT_FROM
+    assert not blas_threads.splits(patches.T, grads)
+    got = blas_threads.matmul(patches.T, grads)
+    setter(1)
+    assert np.array_equal(got, np.matmul(patches.T, grads))
+    wide = rng.standard_normal((32768, 46)).astype(np.float32)  # parts of 23 x 22 = 506 output elements
+    assert blas_threads.splits(wide.T, wide[:, :22]) and blas_threads.splits(wide[:, :22].T, wide)
+
+
+def test_numpy_releases_the_gil_around_a_product_of_more_than_the_held_outputs() -> None:
+    """What the split relies on: a part with more than GIL_HELD_OUTPUT output elements lets other Python threads
+    run (here: this one, counting while another thread computes a 23 x 22 product with a long inner dimension)."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((23, 65536)), rng.standard_normal((65536, 22))
+    assert a.shape[0] * b.shape[1] > blas_threads.GIL_HELD_OUTPUT
+    out = np.empty((23, 22))
+    started, done = threading.Event(), threading.Event()
+
+    def part() -> None:
+        started.set()
+        np.matmul(a, b, out=out)
+        done.set()
+
+    worker = threading.Thread(target=part)
+    worker.start()
+    started.wait()
+    beside = 0
+    while not done.is_set():
+        beside += 1
+    worker.join()
+    assert beside > 1000
+
+
 def test_a_split_product_writes_through_out_and_not_into_its_own_operands(two_threads) -> None:
     a, b = operands(np.float32)[0]
     out = np.full((a.shape[0], b.shape[1]), np.nan, np.float32)

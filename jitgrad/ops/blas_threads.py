@@ -18,6 +18,10 @@ products up to SMALL_PRODUCT then run on one thread, larger ones keep numpy's se
 until the medium LSTM's 2^23 and 2^24 products were measured split (bench/run.py, torch first, two runs each):
 its step took 33.7-34.5 ms against 40.2-40.5 unsplit (torch.compile 32.8-33.0 in the same runs), and beside a
 busy core 41.8 against 40.7 ms (the helper then mostly late, the parts in turn); no other row moved.
+A product whose parts would each have GIL_HELD_OUTPUT output elements or fewer runs whole on one thread: numpy's
+matmul keeps the GIL through it, so the helper never started beside it, and each such product, found late,
+left the helper out of the next LATE_SKIP products (the medium conv net's first-layer weight gradient, 27 x 32768
+by 32768 x 16, did so at every step: 79% of its split products ran their parts in turn on a quiet machine).
 
 The count is process-wide: a numpy product another thread starts while a product runs here also gets
 one thread. Nested and concurrent products share one setting (a depth count under a lock); where
@@ -26,6 +30,7 @@ numpy's BLAS is not OpenBLAS, or its thread count cannot be found, nothing chang
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from typing import Any, Callable
@@ -102,6 +107,7 @@ def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
 SPLIT_FROM = 1 << 22  # multiply-adds: above this a product is computed as PARTS one-thread products
 PARTS = 2  # fixed, like the rule's other inputs: never the machine's core count or load
 LATE_SKIP = 16  # products run without the helper after it did not start in time (cores busy)
+GIL_HELD_OUTPUT = 500  # numpy 2's matmul releases the GIL only around products of more output elements than this
 SPLIT = os.environ.get("JITGRAD_BLAS_SPLIT", "1") != "0"  # JITGRAD_BLAS_SPLIT=0: numpy's product, as before
 
 
@@ -196,12 +202,23 @@ def _parts(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[tuple[np.ndarr
     return [(a, b[..., lo:hi], out[..., lo:hi]) for lo, hi in zip(edges, edges[1:])]
 
 
+def _smallest_part_output(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+    """Output elements of the smallest of `_parts`' slices (batch dimensions included)."""
+    m, n = a_shape[-2], b_shape[-1]
+    batch = 1 if len(a_shape) == 2 and len(b_shape) == 2 else math.prod(
+        np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    return batch * (max(m, n) // PARTS) * min(m, n)
+
+
 def splits(a: np.ndarray, b: np.ndarray, madds: int | None = None) -> bool:
-    """Whether matmul computes this product as PARTS one-thread products (a rule on shape and dtype)."""
+    """Whether matmul computes this product as PARTS one-thread products (a rule on shape and dtype). Not where a
+    part's output would have GIL_HELD_OUTPUT elements or fewer: numpy's matmul keeps the GIL through such a
+    product, so the helper could not start beside the caller's part."""
     return (SPLIT and a.ndim >= 2 and b.ndim >= 2 and _one_thread.found is not None
             and (multiply_adds(a.shape, b.shape) if madds is None else madds) > SPLIT_FROM
             and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
-            and max(a.shape[-2], b.shape[-1]) >= 2 * PARTS)
+            and max(a.shape[-2], b.shape[-1]) >= 2 * PARTS
+            and _smallest_part_output(a.shape, b.shape) > GIL_HELD_OUTPUT)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> np.ndarray:
