@@ -1,18 +1,16 @@
-"""Turns generated kernel source into numba dispatchers: once per source text in a process, and
-once per source, signature and CPU on a machine.
+"""Generated kernel source into numba dispatchers: once per text in a process, per signature and CPU on a machine.
 
-A source runs as a module named by its content hash (`source_keys.source_key`: the text and the jitgrad modules
-it imports, whose code numba compiles into the kernel), each function's dispatcher made when first asked for.
-Machine code persists through `DiskCache`, numba's
-per-dispatcher cache protocol written over `jitgrad.cache`: one checksummed file per (function, numba
-options, argument types, CPU), renamed into place, holding its full key so a file copied or renamed over
-another is a miss, never another kernel's code; what the file holds is `entries`' (object code and the names
-it defines; the module's code is an entry too). numba's own `cache=True` is not used because its
-per-function index is read-modified-written without a lock (two processes can drop each other's entries
-or pair an index slot with another signature's code) and a damaged index or data file raises instead of
-recompiling. numba's compile event says which kernels compile and for how long (logger `jitgrad.compile`),
-and `numba_passes` and `quick_codegen` when one is under way. Threads: modules load under a lock, numba
-compiles under its own (a main thread's in a `shield` worker), parallel calls queue under workqueue.
+A source runs as a module named by its content hash (`source_keys.source_key`: the text and the jitgrad modules it
+imports, whose code numba compiles into the kernel), each function's dispatcher made when first asked for. Machine code
+persists through `DiskCache`, numba's per-dispatcher cache protocol written over `jitgrad.cache`: one checksummed file
+per (function, numba options, argument types, CPU), renamed into place, holding its full key so a file copied or
+renamed over another is a miss, never another kernel's code; what the file holds is `entries`' (object code and the
+names it defines; the module's code is an entry too). numba's own `cache=True` is not used because its per-function
+index is read-modified-written without a lock (two processes can drop each other's entries or pair an index slot with
+another signature's code) and a damaged index or data file raises instead of recompiling. numba's compile event says
+which kernels compile and for how long (logger `jitgrad.compile`), and `numba_passes` and `quick_codegen` when one is
+under way. Threads: modules load under a lock, numba compiles under its own (a main thread's in a `shield` worker),
+parallel calls queue under workqueue.
 """
 from __future__ import annotations
 
@@ -90,7 +88,7 @@ class DiskCache(_Cache):
         self._folder = folder
         self._stem = f"{module_name}.{function}"
         self._options = repr(sorted(options.items()))
-        self._enabled = True
+        self.enabled = True  # loads and saves machine code (numba's `enable`/`disable` set it)
 
     @property
     def cache_path(self) -> str:
@@ -111,12 +109,12 @@ class DiskCache(_Cache):
 
     def on_disk(self, sig: Any, codegen: Any) -> bool:
         """Is there a file for `sig` on this CPU (not yet verified: a load checks it)?"""
-        return self._enabled and os.path.exists(self.entry_path(sig, codegen))
+        return self.enabled and os.path.exists(self.entry_path(sig, codegen))
 
     def load_overload(self, sig: Any, target_context: Any) -> CompileResult | None:
         """The machine code for `sig` from disk, or None (numba then compiles): absent, or rejected
         for damage, another key or another owner (counted in `disk_rejected`)."""
-        if not self._enabled:
+        if not self.enabled:
             return None
         start = time.perf_counter()
         rtsys.initialize(target_context)
@@ -132,7 +130,7 @@ class DiskCache(_Cache):
         return cres
 
     def save_overload(self, sig: Any, cres: CompileResult) -> None:
-        if not self._enabled or any(not f.can_cache for f in cres.lifted) or cres.library.has_dynamic_globals:
+        if not self.enabled or any(not f.can_cache for f in cres.lifted) or cres.library.has_dynamic_globals:
             return
         key = self.entry_key(sig, cres.codegen)
         if cache.write_entry(self.entry_path(sig, cres.codegen, key), key, entries.payload(cres)):
@@ -140,10 +138,10 @@ class DiskCache(_Cache):
             cache.enforce_limit(keep=self._stem.split(".", 1)[0])
 
     def enable(self) -> None:
-        self._enabled = True
+        self.enabled = True
 
     def disable(self) -> None:
-        self._enabled = False
+        self.enabled = False
 
     def flush(self) -> None:
         """Delete this function's machine code files."""

@@ -80,15 +80,16 @@ class Job:
 
 def job_for(compiled: compiler.CompiledSource, variant: str, signature: tuple) -> Job | None:
     """A job for the helper, or None where it cannot help: the variant is compiled here already, its machine
-    code is on disk, or the disk cache is off or cannot be written."""
+    code is on disk, or the disk cache is off (this process would not load what the helper writes) or cannot be
+    written."""
     fn = compiled.functions[variant]
     disk = getattr(fn, "_cache", None)
-    if signature in fn.overloads or not isinstance(disk, compiler.DiskCache):
+    if signature in fn.overloads or not isinstance(disk, compiler.DiskCache) or not disk.enabled:
         return None
     folder = disk.cache_path
     if not (cache.usable(folder) and os.access(folder, os.W_OK)):
         return None
-    if os.path.exists(disk.entry_path(signature, fn.targetctx.codegen())):
+    if disk.on_disk(signature, fn.targetctx.codegen()):
         return None
     return Job((compiled.name, variant, signature), (compiled.source, compiled.options, variant, signature))
 
