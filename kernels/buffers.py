@@ -1,17 +1,17 @@
 """Reused output arrays of kernel call sites, bounded in bytes across the process.
 
-An executable plans its outputs once (`BufferPool.plan`). The values that die within a call get places in one
-arena (`place`): values live at a common step never share a byte, so the arena holds about the most bytes a call
-has live at once (values of any shape, size or dtype pack around each other; bins that each hold one value at a
-time would be as large as their largest value). An output the caller keeps (a result, a residual) gets arrays of
-its own. Each value is handed out as a view of its own array over the arena (`_region`: numpy's views of it have it
-as their `base`), and a call writes into it only when the reference counts of every array over its bytes show
-that the pool is their sole owner: an array the user kept (or any view of it, or a saved residual, or a value the
-call still reads) is never overwritten; a new array is allocated instead. Reuse spares large calls the page faults
-of fresh allocations. All pools together hold at most `JITGRAD_BUFFER_POOL_MB` megabytes (by default 1/32 of the
-memory the process may use, at least 256 MB: `jitgrad.kernels.pool_limit`); past that, the least recently used pools let
-their arrays go. Whether reference counts can tell sole ownership is
-checked once on the running interpreter; where they cannot, nothing is pooled.
+An executable plans its outputs once (`BufferPool.plan`). The values that die within a call get places in one arena
+(`place`): values live at a common step never share a byte, so the arena holds about the most bytes a call has live
+at once (values of any shape, size or dtype pack around each other; bins that each hold one value at a time would be
+as large as their largest value). An output the caller keeps (a result, a residual) gets arrays of its own. Each
+value is handed out as a view of its own array over the arena (`_region`: numpy's views of it have it as their
+`base`), and a call writes into it only when the reference counts of every array over its bytes show that the pool
+is their sole owner: an array the user kept (or any view of it, or a saved residual, or a value the call still
+reads) is never overwritten; a new array is allocated instead. Reuse spares large calls the page faults of fresh
+allocations. All pools together hold at most `JITGRAD_BUFFER_POOL_MB` megabytes (by default 1/32 of the memory the
+process may use, at least 256 MB: `jitgrad.kernels.pool_limit`); past that, the least recently used pools let their
+arrays go. Whether reference counts can tell sole ownership is checked once on the running interpreter; where they
+cannot, nothing is pooled.
 """
 from __future__ import annotations
 
