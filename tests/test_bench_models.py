@@ -105,3 +105,23 @@ def test_the_runner_times_numpy_after_the_interleaved_candidates(monkeypatch) ->
     assert calls.count("numpy") == 6  # its first call, then its own rounds: one untimed call and four samples
     assert calls[last_other + 1:] == ["numpy"] * 5
     assert all(len(row.cells[n].samples) == 4 for n in names)
+
+
+@pytest.mark.slow
+def test_busy_steps_times_every_model_beside_a_spinning_core(tmp_path) -> None:
+    """bench/busy_steps.py at the tiny sizes, as a user runs it: a row per model with its step count's median and
+    p99, torch imported first (the neighbour's own test is above)."""
+    import os
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "bench" / "busy_steps.py"
+    env = {**os.environ, "JITGRAD_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(script), "--steps", "5", "--sizes", "tiny"], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "torch-first, beside one busy core, 5 steps per row"
+    rows = [line.split(" | ") for line in lines if line.startswith(("| transformer", "| lstm", "| conv"))]
+    assert [r[0].strip("| ") for r in rows] == ["transformer", "lstm", "conv"]
+    assert all(0 < float(r[2]) <= float(r[3]) for r in rows)
+    assert lines[-1].startswith("largest p99/median ")
