@@ -96,12 +96,16 @@ class _OneThread:
 _one_thread = _OneThread()
 
 
+def _batch(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+    """Matrices in a (..., M, K) @ (..., K, N) product: its broadcast batch dimensions' product."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 1
+    return math.prod(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+
+
 def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     """Multiply-adds of a (..., M, K) @ (..., K, N) product, batch dimensions broadcast."""
-    product = a_shape[-2] * a_shape[-1] * b_shape[-1]
-    if len(a_shape) == 2 and len(b_shape) == 2:
-        return product
-    return int(np.prod(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]), dtype=np.int64)) * product
+    return _batch(a_shape, b_shape) * a_shape[-2] * a_shape[-1] * b_shape[-1]
 
 
 SPLIT_FROM = 1 << 22  # multiply-adds: above this a product is computed as PARTS one-thread products
@@ -205,9 +209,7 @@ def _parts(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[tuple[np.ndarr
 def _smallest_part_output(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     """Output elements of the smallest of `_parts`' slices (batch dimensions included)."""
     m, n = a_shape[-2], b_shape[-1]
-    batch = 1 if len(a_shape) == 2 and len(b_shape) == 2 else math.prod(
-        np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
-    return batch * (max(m, n) // PARTS) * min(m, n)
+    return _batch(a_shape, b_shape) * (max(m, n) // PARTS) * min(m, n)
 
 
 def splits(a: np.ndarray, b: np.ndarray, madds: int | None = None) -> bool:
