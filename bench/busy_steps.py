@@ -12,16 +12,13 @@ OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE are unset for this process, as bench/run.py d
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
-for hint in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-    os.environ.pop(hint, None)
+import variants
 
-import variants  # noqa: E402
-
+variants.unset_openblas_hints()
 variants.import_first(variants.requested_order())
 
 import numpy as np  # noqa: E402

@@ -27,9 +27,9 @@ import time
 import warnings
 from typing import Any, Callable
 
-OPENBLAS_HINTS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # they slow a current numpy's BLAS (see bench/run.py)
-for _name in OPENBLAS_HINTS:  # before numpy loads its BLAS, here and in the workers (they inherit the environment)
-    os.environ.pop(_name, None)
+import variants
+
+variants.unset_openblas_hints()  # before numpy loads its BLAS, here and in the workers (they inherit the environment)
 
 import numpy as np  # noqa: E402
 from dask.distributed import Client, LocalCluster, wait  # noqa: E402

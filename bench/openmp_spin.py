@@ -21,8 +21,7 @@ import time
 
 import variants
 
-for hint in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-    os.environ.pop(hint, None)
+variants.unset_openblas_hints()
 os.environ["JITGRAD_OPENMP_SPIN"] = "keep"
 variants.import_first("torch-first")
 

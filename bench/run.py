@@ -45,7 +45,6 @@ from typing import Any, Callable
 
 import variants
 
-OPENBLAS_HINTS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SAMPLE_SECONDS = 0.05      # one timed sample runs a candidate this long (several calls when they are short)
 ROW_SECONDS = 2.5          # at most this long per candidate per row, so large sizes get fewer repeats
 MIN_REPEATS = 3
@@ -92,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-caches", action="store_true",
                         help="use jitgrad's and inductor's persistent caches (first-call times are then warm)")
     parser.add_argument("--keep-openblas-env", action="store_true",
-                        help=f"keep {' and '.join(OPENBLAS_HINTS)} if set (they slow numpy's BLAS)")
+                        help=f"keep {' and '.join(variants.OPENBLAS_HINTS)} if set (they slow numpy's BLAS)")
     parser.add_argument("--models", default="",
                         help="comma-separated parts of the model section (bench/models.py): transformer, lstm, "
                              "conv, rnn (trace-to-fuse time of an unrolled RNN), mlp (1000 steps beside torch); "
@@ -114,14 +113,13 @@ def prepare_environment(args: argparse.Namespace) -> list[str]:
     Without --warm-caches, JITGRAD_CACHE_DIR is a fresh temporary directory that `main` removes."""
     notes = []
     os.environ[variants.IMPORT_ORDER_ENV] = args.import_order
-    hints = {k: os.environ[k] for k in OPENBLAS_HINTS if k in os.environ}
+    hints = {k: os.environ[k] for k in variants.OPENBLAS_HINTS if k in os.environ}
     if not hints:
-        notes.append(f"{' and '.join(OPENBLAS_HINTS)}: not set")
+        notes.append(f"{' and '.join(variants.OPENBLAS_HINTS)}: not set")
     elif args.keep_openblas_env:
         notes.append("kept " + ", ".join(f"{k}={v}" for k, v in hints.items()))
     else:
-        for k in OPENBLAS_HINTS:
-            os.environ.pop(k, None)
+        variants.unset_openblas_hints()
         notes.append("unset for this process: " + ", ".join(f"{k}={v}" for k, v in hints.items()))
     if args.warm_caches:
         notes.append("caches: persistent (jitgrad kernel cache, inductor caches) — first calls may be warm")

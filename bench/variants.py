@@ -21,6 +21,7 @@ from typing import Iterator
 IMPORT_ORDERS = ("torch-first", "jitgrad-first")
 IMPORT_ORDER_ENV = "JITGRAD_BENCH_IMPORT_ORDER"
 BUSY_LIMIT_S = 600.0  # the neighbour stops by itself after this long, should the benchmark die without killing it
+OPENBLAS_HINTS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # they slow a current numpy's BLAS (bench/run.py)
 SPIN = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
 
 
@@ -42,6 +43,12 @@ def observed_order() -> str:
     """Which of torch and jitgrad this process imported first (sys.modules keeps the order of imports)."""
     first = next((name for name in sys.modules if name in ("torch", "jitgrad")), None)
     return f"{first}-first" if first else "neither imported"
+
+
+def unset_openblas_hints() -> dict[str, str]:
+    """Remove OPENBLAS_HINTS from this process's environment (before numpy loads its BLAS; children inherit it);
+    the values removed."""
+    return {k: os.environ.pop(k) for k in OPENBLAS_HINTS if k in os.environ}
 
 
 def mode_label(order: str, busy: bool) -> str:
