@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jitgrad.passes import simplify, remat
+from jitgrad.passes import products, remat, simplify
 from jitgrad.ir.graph import Atom, Eqn, Graph, Var
 from jitgrad.passes.loops import (Branch, HostStep, LoopKernel, NotFusible, Program, is_transparent, lower_group,
                                   statements, view_kernel)
@@ -278,6 +278,7 @@ def schedule(graph: Graph) -> Program:
     """Group `graph` into kernels and host steps, ordered so each step follows its inputs' producers; then, where
     kernels read back values other kernels wrote only for them, the same with those values recomputed by their
     readers (`jitgrad.passes.remat`), if that lowers the peak memory without more kernels; then `remat.recopy`."""
+    graph = products.batch_products(graph)
     program, recomputed = _grouped(graph, frozenset()), frozenset()
     rewrite = remat.recompute_plan(graph, program)
     if rewrite is not None:
