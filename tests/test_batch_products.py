@@ -67,6 +67,9 @@ def test_an_lstm_runs_its_input_products_and_its_weight_gradients_as_one_each() 
     assert Counter(found) == {((T * B, I), (I, 4 * H)): 1, ((B, H), (H, 4 * H)): T, ((B, 4 * H), (4 * H, H)): T - 1,
                               ((I + H, T * B), (T * B, 4 * H)): 1}
     assert len(_products_without_batching(graph)) == T + T + (T - 1) + 2 * T
+    # the x_t, stacked for the forward's product and (in the forward's order) for the gradient's, are xs viewed
+    # as (T*B, I): no kernel copies them out of xs
+    assert not any(graph.inputs[0] in k.inputs for k in fusion.schedule(graph).kernels)
 
 
 def test_batches_and_runs_stop_at_the_byte_limit(monkeypatch) -> None:

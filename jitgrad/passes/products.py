@@ -7,12 +7,13 @@ instead of paying per call for packing and dispatch.
   A product whose operand depends on another's result (`h_t @ W_h`) keeps its place.
 - Runs of products summed by one chain of adds (`sum_products`: a weight's gradient over a loop's steps,
   `sum_t L_t @ R_t`) become one product of the L_t side by side and the R_t stacked, added to the sum where the
-  run's last term was. An LSTM's two weight gradients then share the stacked dz_t, and are stacked in turn.
+  run's last term was. An LSTM's two weight gradients then share the stacked dz_t, and where the result fits
+  they are stacked in turn.
 
 A batch holds at most MAX_BATCHED_BYTES of concatenated operand and of result (longer ones are cut), since its
-values live until its last member's operands exist. The medium LSTM (bench/models.py) runs 45 products a step
-instead of 99, and its step takes 26.6-27.2 ms instead of 33.3-33.8 (one process, both programs interleaved), at
-a lower simulated peak.
+values live until its last member's operands exist. Consecutive steps of one input stacked by rows are a view of
+it, not a copy. The medium LSTM (bench/models.py) runs 45 products a step instead of 99, and its step takes
+26.6-27.2 ms instead of 33.3-33.8 (one process, both programs interleaved), at a lower simulated peak.
 
 Only 2-D products of one dtype are batched. Each row (column) of a batched product is the same BLAS routine over
 the same inner dimension as the member's own product, so its values agree to rounding (bit for bit on this
@@ -27,7 +28,7 @@ from typing import Sequence
 
 from jitgrad.ir.graph import Atom, Aval, Eqn, Graph, Var
 from jitgrad.ops.arithmetic import add_p
-from jitgrad.ops.core import transpose_p
+from jitgrad.ops.core import reshape_p, transpose_p
 from jitgrad.ops.linalg import matmul_p
 from jitgrad.ops.regions import concatenate_p, slice_p
 from jitgrad.passes import simplify
@@ -65,8 +66,9 @@ def batch_products(graph: Graph, least: int = MIN_BATCHED, only: set[Var] | None
     if not batches:
         return graph
     replaced = {id(e): [] for members, _ in batches for e in members}
+    producer = {o: e for e in graph.eqns for o in e.outs}
     for members, side in batches:
-        replaced[id(members[0])] = _batched(members, side)
+        replaced[id(members[0])] = _batched(members, side, producer)
     eqns = [n for e in graph.eqns for n in replaced.get(id(e), [e])]
     ordered = _stable_topological(eqns)
     if ordered is None:
@@ -116,7 +118,7 @@ def _batches(span: Sequence[Eqn], group: list[Eqn], side: int) -> list[list[Eqn]
     return batches
 
 
-def _batched(members: list[Eqn], side: int) -> list[Eqn]:
+def _batched(members: list[Eqn], side: int, producer: dict[Var, Eqn]) -> list[Eqn]:
     """What replaces `members` (products sharing their operand on `side`): one concatenation, one product and a
     slice of it for each member's result (defining the member's own output var)."""
     shared, first = members[0].inputs[side], members[0]
@@ -127,18 +129,47 @@ def _batched(members: list[Eqn], side: int) -> list[Eqn]:
     def along(shape: tuple[int, ...], n: int) -> tuple[int, ...]:
         return (n, shape[1]) if axis == 0 else (shape[0], n)
 
-    dtype = first.out.aval.dtype
-    stacked = Var(Aval(along(varying[0].aval.shape, sum(extents)), dtype))
-    product = Var(Aval(along(first.out.aval.shape, sum(extents)), dtype))
-    new = [Eqn(concatenate_p, tuple(varying), {"axis": axis}, (stacked,), first.source, first.label),
-           Eqn(matmul_p, (stacked, shared) if side == 1 else (shared, stacked), {}, (product,), first.source,
-               first.label)]
+    new, stacked = _stack(varying, axis, producer, first)
+    product = Var(Aval(along(first.out.aval.shape, sum(extents)), first.out.aval.dtype))
+    new.append(Eqn(matmul_p, (stacked, shared) if side == 1 else (shared, stacked), {}, (product,), first.source,
+                   first.label))
     offset = 0
     for e, n in zip(members, extents):
         new.append(Eqn(slice_p, (product,), {"starts": along((0, 0), offset), "steps": (1, 1),
                                              "shape": e.out.aval.shape}, e.outs, e.source, e.label))
         offset += n
     return new
+
+
+def _stack(operands: Sequence[Atom], axis: int, producer: dict[Var, Eqn], site: Eqn) -> tuple[list[Eqn], Var]:
+    """The 2-D `operands` concatenated along `axis`: equations and their result. Consecutive steps of one array
+    (`xs[t]` for t = a..b, each a reshape of a slice of its leading axis) stacked by rows are that array's slice
+    reshaped, a view: no copy, and no copy kernel reading one region per step."""
+    shape = list(operands[0].aval.shape)
+    shape[axis] = sum(a.aval.shape[axis] for a in operands)
+    out = Var(Aval(tuple(shape), operands[0].aval.dtype))
+    steps = [_leading_step(a, producer) for a in operands] if axis == 0 else [None]
+    if all(steps) and len({src for src, _ in steps}) == 1 \
+            and [t for _, t in steps] == list(range(steps[0][1], steps[0][1] + len(steps))):
+        src, first = steps[0]
+        region = Var(Aval((len(steps),) + src.aval.shape[1:], src.aval.dtype))
+        return [Eqn(slice_p, (src,), {"starts": (first,) + (0,) * (src.aval.ndim - 1), "steps": (1,) * src.aval.ndim,
+                                      "shape": region.aval.shape}, (region,), site.source, site.label),
+                Eqn(reshape_p, (region,), {"shape": out.aval.shape}, (out,), site.source, site.label)], out
+    return [Eqn(concatenate_p, tuple(operands), {"axis": axis}, (out,), site.source, site.label)], out
+
+
+def _leading_step(a: Atom, producer: dict[Var, Eqn]) -> tuple[Var, int] | None:
+    """(src, t) where `a` is `src[t]`, a whole step of a 3-D array's leading axis (a slice of it reshaped to 2-D)."""
+    view = producer.get(a) if isinstance(a, Var) else None
+    cut = producer.get(view.inputs[0]) if view is not None and view.prim is reshape_p and isinstance(
+        view.inputs[0], Var) else None
+    if cut is None or cut.prim is not slice_p or not isinstance(cut.inputs[0], Var):
+        return None
+    src, p = cut.inputs[0], cut.params
+    whole = (src.aval.ndim == 3 and p["shape"] == (1,) + src.aval.shape[1:] and set(p["steps"]) == {1}
+             and not any(p["starts"][1:]))
+    return (src, p["starts"][0]) if whole else None
 
 
 def _stable_topological(eqns: Sequence[Eqn]) -> list[Eqn] | None:
@@ -268,22 +299,19 @@ def _rewrite_chain(root: Eqn, adds: list[Eqn], terms: list[Atom], runs: list[lis
 
 
 def _run_product(run: list[Eqn], out: Var, producer: dict[Var, Eqn]) -> list[Eqn]:
-    """`sum_k L_k @ R_k` over `run` as one product into `out`: the L_k side by side, the R_k stacked; where every
-    L_k is a transposed matrix u_k^T, the u_k are stacked and the stack transposed (rows copied, not columns)."""
-    lefts, rights = [e.inputs[0] for e in run], [e.inputs[1] for e in run]
-    inner = sum(a.aval.shape[1] for a in lefts)
-    dtype = out.aval.dtype
-    new: list[Eqn] = []
-    right = Var(Aval((inner, rights[0].aval.shape[1]), dtype))
-    new.append(Eqn(concatenate_p, tuple(rights), {"axis": 0}, (right,), run[-1].source, run[-1].label))
-    views = [producer.get(a) if isinstance(a, Var) else None for a in lefts]
-    left = Var(Aval((lefts[0].aval.shape[0], inner), dtype))
+    """`sum_k L_k @ R_k` over `run` (in program order) as one product into `out`: the L_k side by side, the R_k
+    stacked, both in the reverse order (x_0 .. x_3 where a backward computed the terms of steps 3 .. 0, so that
+    consecutive steps of an input are a view of it); where every L_k is a transposed matrix u_k^T, the u_k are
+    stacked and the stack transposed (rows copied, not columns). Two sums over the same R_k stack them alike."""
+    site, run = run[-1], run[::-1]  # a backward runs the loop's steps backwards: stacked in the forward's order
+    views = [producer.get(e.inputs[0]) if isinstance(e.inputs[0], Var) else None for e in run]
+    new, right = _stack([e.inputs[1] for e in run], 0, producer, site)
     if all(v is not None and v.prim is transpose_p and v.params["perm"] == (1, 0) for v in views):
-        stacked = Var(Aval((inner, lefts[0].aval.shape[0]), dtype))
-        new += [Eqn(concatenate_p, tuple(v.inputs[0] for v in views), {"axis": 0}, (stacked,), run[-1].source,
-                    run[-1].label),
-                Eqn(transpose_p, (stacked,), {"perm": (1, 0)}, (left,), run[-1].source, run[-1].label)]
+        stacking, stacked = _stack([v.inputs[0] for v in views], 0, producer, site)
+        left = Var(Aval(stacked.aval.shape[::-1], stacked.aval.dtype))
+        new += [*stacking, Eqn(transpose_p, (stacked,), {"perm": (1, 0)}, (left,), site.source, site.label)]
     else:
-        new.append(Eqn(concatenate_p, tuple(lefts), {"axis": 1}, (left,), run[-1].source, run[-1].label))
-    new.append(Eqn(matmul_p, (left, right), {}, (out,), run[-1].source, run[-1].label))
+        stacking, left = _stack([e.inputs[0] for e in run], 1, producer, site)
+        new += stacking
+    new.append(Eqn(matmul_p, (left, right), {}, (out,), site.source, site.label))
     return new
