@@ -226,9 +226,9 @@ def sum_products(graph: Graph) -> tuple[Graph, set[Var]]:
     summed.update(e.out for new in replaced.values() for e in new if e.prim is matmul_p)
     if not replaced:
         return graph, summed
-    eqns = [n for e in graph.eqns for n in replaced.get(id(e), [e])]  # two sums over one R_t share its stack:
-    return simplify.dce(simplify.cse(Graph(list(graph.inputs), eqns, list(graph.outputs), list(graph.input_names)))), \
-        summed
+    eqns = [n for e in graph.eqns for n in replaced.get(id(e), [e])]
+    rewritten = Graph(list(graph.inputs), eqns, list(graph.outputs), list(graph.input_names))
+    return simplify.dce(simplify.cse(rewritten)), summed  # cse: two sums over one R_t (weight gradients) share its stack
 
 
 def _chain(root: Eqn, producer: dict[Var, Eqn], uses: dict[Var, int]) -> tuple[list[Eqn], list[Atom]]:
