@@ -275,9 +275,10 @@ class _Grouping:
 
 
 def schedule(graph: Graph) -> Program:
-    """Group `graph` into kernels and host steps, ordered so each step follows its inputs' producers; then, where
-    kernels read back values other kernels wrote only for them, the same with those values recomputed by their
-    readers (`jitgrad.passes.remat`), if that lowers the peak memory without more kernels; then `remat.recopy`."""
+    """Batch `graph`'s products (`jitgrad.passes.products`), group it into kernels and host steps, ordered so each
+    step follows its inputs' producers; then, where kernels read back values other kernels wrote only for them, the
+    same with those values recomputed by their readers (`jitgrad.passes.remat`), if that lowers the peak memory
+    without more kernels; then `remat.recopy`."""
     graph = products.batch(graph)
     program, recomputed = _grouped(graph, frozenset()), frozenset()
     rewrite = remat.recompute_plan(graph, program)
