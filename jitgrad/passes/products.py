@@ -66,7 +66,7 @@ def batch_products(graph: Graph, least: int = MIN_BATCHED, only: set[Var] | None
     if not batches:
         return graph
     replaced = {id(e): [] for members, _ in batches for e in members}
-    producer = {o: e for e in graph.eqns for o in e.outs}
+    producer = graph.producers()
     for members, side in batches:
         replaced[id(members[0])] = _batched(members, side, producer)
     eqns = [n for e in graph.eqns for n in replaced.get(id(e), [e])]
@@ -148,15 +148,23 @@ def _stack(operands: Sequence[Atom], axis: int, producer: dict[Var, Eqn], site: 
     shape = list(operands[0].aval.shape)
     shape[axis] = sum(a.aval.shape[axis] for a in operands)
     out = Var(Aval(tuple(shape), operands[0].aval.dtype))
-    steps = [_leading_step(a, producer) for a in operands] if axis == 0 else [None]
-    if all(steps) and len({src for src, _ in steps}) == 1 \
-            and [t for _, t in steps] == list(range(steps[0][1], steps[0][1] + len(steps))):
-        src, first = steps[0]
-        region = Var(Aval((len(steps),) + src.aval.shape[1:], src.aval.dtype))
+    steps = _consecutive_steps(operands, producer) if axis == 0 else None
+    if steps is not None:
+        src, first = steps
+        region = Var(Aval((len(operands),) + src.aval.shape[1:], src.aval.dtype))
         return [Eqn(slice_p, (src,), {"starts": (first,) + (0,) * (src.aval.ndim - 1), "steps": (1,) * src.aval.ndim,
                                       "shape": region.aval.shape}, (region,), site.source, site.label),
                 Eqn(reshape_p, (region,), {"shape": out.aval.shape}, (out,), site.source, site.label)], out
     return [Eqn(concatenate_p, tuple(operands), {"axis": axis}, (out,), site.source, site.label)], out
+
+
+def _consecutive_steps(operands: Sequence[Atom], producer: dict[Var, Eqn]) -> tuple[Var, int] | None:
+    """(src, a) where `operands` are src[a], src[a + 1], ... (`_leading_step`), else None."""
+    steps = [_leading_step(a, producer) for a in operands]
+    if not all(steps) or len({src for src, _ in steps}) != 1:
+        return None
+    src, first = steps[0]
+    return (src, first) if [t for _, t in steps] == list(range(first, first + len(steps))) else None
 
 
 def _leading_step(a: Atom, producer: dict[Var, Eqn]) -> tuple[Var, int] | None:
@@ -210,7 +218,7 @@ def sum_products(graph: Graph) -> tuple[Graph, set[Var]]:
     for a in graph.outputs:
         if isinstance(a, Var):
             uses[a] = uses.get(a, 0) + 2  # never a chain's inner value
-    producer = {o: e for e in graph.eqns for o in e.outs}
+    producer = graph.producers()
     position = {id(e): k for k, e in enumerate(graph.eqns)}
     inner: set[int] = set()  # adds of a chain other than its last
     replaced: dict[int, list[Eqn]] = {}
@@ -257,12 +265,15 @@ def _summable(term: Atom, root: Eqn, producer: dict[Var, Eqn], uses: dict[Var, i
 def _runs(terms: list[Atom], producer: dict[Var, Eqn], position: dict[int, int]) -> list[list[Eqn]]:
     """The summable terms' products in program order, cut into runs of at least two within MAX_BATCHED_BYTES."""
     runs: list[list[Eqn]] = [[]]
+    left_bytes = right_bytes = 0  # the current run's concatenated operands
     for e in sorted((producer[t] for t in terms), key=lambda e: position[id(e)]):
-        run = runs[-1]
-        if run and max(sum(x.inputs[i].aval.nbytes for x in run) + e.inputs[i].aval.nbytes
-                       for i in (0, 1)) > MAX_BATCHED_BYTES:
+        left, right = (a.aval.nbytes for a in e.inputs)
+        if runs[-1] and max(left_bytes + left, right_bytes + right) > MAX_BATCHED_BYTES:
             runs.append([])
+            left_bytes = right_bytes = 0
         runs[-1].append(e)
+        left_bytes += left
+        right_bytes += right
     return [r for r in runs if len(r) >= 2]
 
 
