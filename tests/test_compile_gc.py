@@ -13,13 +13,14 @@ from numba.core import codegen as numba_codegen
 from numba.core import event as numba_event
 
 import jitgrad as jg
-from jitgrad.kernels.build import compiler, numba_passes, quick_codegen
+from jitgrad.kernels.build import background, compiler, numba_passes, quick_codegen
 
 
 class _CompileProbe(numba_event.Listener):
-    """Records, at the start of each kernel compile, whether the collector is on, and at the start of every
-    numba compile the count of kernel compiles under way, kernels and other functions apart (jitgrad's own
-    listener, registered at import, has run by then)."""
+    """Records, at the start of each foreground kernel compile, whether the collector is on, and at the start
+    of every numba compile the count of kernel compiles under way, kernels and other functions apart (jitgrad's
+    own listener, registered at import, has run by then). Compiles on the background thread (a parallel
+    variant an earlier test queued may start at any moment) leave the collector on by design: not recorded."""
 
     def __init__(self) -> None:
         self.enabled_at_start: list[bool] = []
@@ -27,6 +28,8 @@ class _CompileProbe(numba_event.Listener):
         self.depth_at_others: list[int] = []
 
     def on_start(self, event: numba_event.Event) -> None:
+        if threading.current_thread() is background.scheduler.worker:
+            return
         if compiler._is_kernel(event.data["dispatcher"]):
             self.enabled_at_start.append(gc.isenabled())
             self.depth_at_kernels.append(numba_passes.depth())
