@@ -278,6 +278,15 @@ def candidates(with_compile: bool) -> list[wl.Candidate]:
     return [c for c in wl.candidates(with_compile) if c.name != "numpy"]
 
 
+def two_states_cell(name: str, first: Sequence[float], second: Sequence[float], first_over_second: bool) -> str:
+    """A candidate's seconds per call in two states as `name median (p99) -> median (p99) xR` in ms, R the ratio of
+    the medians: first / second, or second / first (bench/openmp_spin.py, bench/beside.py)."""
+    ms = [float(np.median(x)) * 1e3 for x in (first, second)]
+    p99 = [float(np.percentile(x, 99)) * 1e3 for x in (first, second)]
+    ratio = ms[0] / ms[1] if first_over_second else ms[1] / ms[0]
+    return f"{name} {ms[0]:.3f} ({p99[0]:.2f}) -> {ms[1]:.3f} ({p99[1]:.2f}) x{ratio:.2f}"
+
+
 # ---------------------------------------------------------------- interleaved timing
 
 @dataclass

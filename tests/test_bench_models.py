@@ -125,3 +125,39 @@ def test_busy_steps_times_every_model_beside_a_spinning_core(tmp_path) -> None:
     assert [r[0].strip("| ") for r in rows] == ["transformer", "lstm", "conv"]
     assert all(0 < float(r[2]) <= float(r[3]) for r in rows)
     assert lines[-1].startswith("largest p99/median ")
+
+
+@pytest.mark.slow
+def test_beside_times_each_candidate_alone_and_beside_in_one_process(tmp_path) -> None:
+    """bench/beside.py at the tiny size with the memory-sweeping neighbour (no torch.compile to build): a row per
+    model with jitgrad's and the neighbour's medians alone and beside, and their ratio."""
+    import os
+    import re
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "bench" / "beside.py"
+    env = {**os.environ, "JITGRAD_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(script), "--size", "tiny", "--models", "conv,lstm", "--neighbour",
+                          "memory", "--blocks", "2", "--rounds", "3"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("torch first, tiny models, neighbour memory, 2 pairs of blocks of 3 calls")
+    assert [line.split()[0] for line in lines[1:]] == ["conv", "lstm"]
+    cell = re.compile(r"(\w+) ([\d.]+) \(([\d.]+)\) -> ([\d.]+) \(([\d.]+)\) x([\d.]+)")
+    for line in lines[1:]:
+        cells = [cell.fullmatch(c.strip()) for c in line.split(None, 1)[1].split(" | ")]
+        assert [c.group(1) for c in cells] == ["jitgrad", "memory"]
+        for c in cells:
+            alone, beside, ratio = float(c.group(2)), float(c.group(4)), float(c.group(6))
+            assert 0 < alone <= float(c.group(3)) + 0.01 and 0 < beside <= float(c.group(5)) + 0.01
+            assert ratio == pytest.approx(beside / alone, abs=0.01 + 0.03 * beside / alone)
+
+
+def test_beside_refuses_an_unknown_model() -> None:
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "bench" / "beside.py"
+    out = subprocess.run([sys.executable, str(script), "--models", "conv,resnet"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2 and "unknown model(s) ['resnet']" in out.stderr
