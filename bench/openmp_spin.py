@@ -1,6 +1,6 @@
 """torch's OpenMP spin beside jitgrad (issue 33): the bench models' steps, torch imported first, with torch's
-GNU OpenMP workers spinning as torch started them and with jitgrad's idle team making libgomp throttle them
-(`jitgrad.runtime.threads.IdleTeam`, what `import jitgrad` does in a torch-first process).
+GNU OpenMP workers spinning as torch started them (what `import jitgrad` leaves) and with jitgrad's idle team
+making libgomp throttle them (`jitgrad.runtime.threads.IdleTeam`, what JITGRAD_OPENMP_SPIN=throttle does).
 
     python bench/openmp_spin.py [--size small|medium] [--blocks N] [--rounds N] [--busy]
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -72,12 +71,8 @@ def main() -> int:
     with variants.busy_neighbour(args.busy):
         for model in models.MODELS.values():
             samples = measure(model, args.size, args.blocks, args.rounds)
-            cells = []
-            for name in dict.fromkeys(n for _, n in samples):
-                spin, quiet = samples[("spinning", name)], samples[("quieted", name)]
-                ms = [statistics.median(x) * 1e3 for x in (spin, quiet)]
-                p99 = [float(np.percentile(x, 99)) * 1e3 for x in (spin, quiet)]
-                cells.append(f"{name} {ms[0]:.2f} ({p99[0]:.1f}) -> {ms[1]:.2f} ({p99[1]:.1f}), x{ms[0] / ms[1]:.2f}")
+            cells = [models.two_states_cell(n, samples[("spinning", n)], samples[("quieted", n)], first_over_second=True)
+                     for n in dict.fromkeys(n for _, n in samples)]
             print(f"{model.name:12s} " + " | ".join(cells), flush=True)
     return 0
 

@@ -14,8 +14,8 @@ block, an LSTM and a conv net, with 99th percentiles, cold starts in fresh proce
 one step, and two structural measurements (an unrolled RNN's trace-to-fuse time, 1000 MLP steps).
 
 The process imports torch before jitgrad, as users write it (`--import-order torch-first`, the
-default), or jitgrad first (`jitgrad-first`: jitgrad's OMP_WAIT_POLICY=PASSIVE then reaches torch's
-OpenMP runtime too); its child processes import them in the same order. The model rows run on a quiet
+default), or jitgrad first (`jitgrad-first`); its child processes import them in the same order. jitgrad
+changes nothing in torch's OpenMP runtime in either order (jitgrad.runtime.threads). The model rows run on a quiet
 machine, or with `--busy` beside a `python -c` loop spinning on one core (bench/variants.py). Unless
 `--no-other-modes`, each model's small row is also measured in the other three modes (import order
 x busy), with as many rounds: the other load in this process, the other import order in a child
@@ -363,9 +363,8 @@ def machine(notes: list[str], threads: int, load_at_start: tuple[float, float, f
         f"llvmlite {llvmlite.__version__}, torch {torch.__version__}, jitgrad {jitgrad.__version__}",
         f"threads: {threads} per candidate; numba threading layer {layer} ({numba.get_num_threads()} threads); "
         f"torch {torch.get_num_threads()} threads, ATen backend {aten[0] if aten else '?'}",
-        f"import order: {variants.observed_order()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
-        + (" (set by jitgrad's import, after torch's OpenMP runtime started)"
-           if variants.observed_order() == "torch-first" else ""),
+        f"import order: {variants.observed_order()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; "
+        f"JITGRAD_OPENMP_SPIN={os.environ.get('JITGRAD_OPENMP_SPIN', '(unset: keep)')}",
         "OpenBLAS loaded (numpy's, and scipy's if imported): " + ("; ".join(wl.openblas_info()) or "none"),
         "OPENBLAS_* hints: " + notes[0],
         *notes[1:],

@@ -1,9 +1,10 @@
 """The conditions a benchmark process runs in (issue 33): which of torch and jitgrad it imports first, and
 whether a busy neighbour keeps a core occupied.
 
-Users write `import torch` first ("torch-first"): torch's GNU OpenMP runtime then starts with its own
-wait policy, before jitgrad sets OMP_WAIT_POLICY=PASSIVE at import; "jitgrad-first" is the order in
-which that setting reaches torch's runtime too. The order is fixed per process, so bench/run.py puts
+Users write `import torch` first ("torch-first"); "jitgrad-first" is the other order. Until 2026-12-06
+`import jitgrad` set OMP_WAIT_POLICY=PASSIVE, which reached torch's OpenMP runtime only jitgrad-first; it
+changes nothing in torch's runtime now, but the order still decides which library loads its libraries
+first. The order is fixed per process, so bench/run.py puts
 it in IMPORT_ORDER_ENV for its children and bench/models.py calls `import_first` before it imports
 the workloads (which import both). The busy neighbour is a `python -c` loop spinning on one core,
 as another program on the machine would. Only the standard library is imported here, so bench/run.py

@@ -43,22 +43,15 @@ def _check_numpy() -> None:
 
 _check_numpy()
 
-# numba's OpenMP workers spin-wait by default; on a loaded machine that stalls every parallel
-# kernel call by milliseconds. Passive waiting must be chosen before the OpenMP runtime starts. It is
-# the process's environment, so later OpenMP runtimes (torch's) get it too; a value set before the
-# import is kept (README's limits, docs/troubleshooting.md).
-_policy_was_set = "OMP_WAIT_POLICY" in _os.environ
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from jitgrad.runtime import threads as _threads  # noqa: E402
 
 _threads.choose_threading_layer()
-_threads.warn_if_torch_spins(_policy_was_set, _threads.quiet_openmp_spinning(_policy_was_set))
+_threads.quiet_openmp_spinning()
 
 from jitgrad.front.api import Context, Traced, clear_caches, trace  # noqa: E402
 from jitgrad.front.transforms import grad, value_and_grad, vjp  # noqa: E402
 from jitgrad.errors import (ArgumentError, ConcretizationError, FunctionError, GradcheckError, InputError,
-                            JitgradError, PrecisionWarning, ShapeError, ThreadsWarning, TraceError,
+                            JitgradError, PrecisionWarning, ShapeError, TraceError,
                             UnsupportedError)
 from jitgrad.ops import numpy_api as _numpy_api  # noqa: E402,F401  (registers every op and numpy's protocols on traced arrays)
 from jitgrad.tracing.dispatch import EXPORTS as _EXPORTS  # noqa: E402
@@ -74,7 +67,7 @@ from jitgrad import optim  # noqa: E402  (jg.optim.SGD, Adam, AdamW)
 globals().update(_EXPORTS)  # jg.<op> for every op the modules of jitgrad.ops declare (jg.sum, jg.gelu, ...)
 __version__ = "0.1.0"
 __all__ = ["ArgumentError", "Context", "Traced", "clear_caches", "grad", "trace", "value_and_grad", "vjp",
-           "ConcretizationError", "FunctionError", "GradcheckError", "InputError", "JitgradError", "PrecisionWarning", "ThreadsWarning",
+           "ConcretizationError", "FunctionError", "GradcheckError", "InputError", "JitgradError", "PrecisionWarning",
            "ShapeError", "TraceError", "UnsupportedError", "no_grad", "Function", "FunctionCtx", "gradcheck",
            "gradgradcheck", "jacobian", "jacfwd", "jacrev", "hessian", "jvp", "linearize", "float0", "vmap",
            "register_dataclass", "register_pytree_node", "tree_flatten", "tree_leaves",

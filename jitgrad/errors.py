@@ -43,11 +43,6 @@ class GradcheckError(JitgradError, AssertionError):
     """`jg.gradcheck` found an analytic gradient that disagrees with finite differences."""
 
 
-class ThreadsWarning(UserWarning):
-    """Another library's threads will spin on the cores jitgrad's calls need (PyTorch imported before
-    jitgrad with an OpenMP runtime jitgrad cannot quiet), and what to set so that they sleep."""
-
-
 class PrecisionWarning(UserWarning):
     """A traced op widened float32 arrays to float64 because a numpy float64 scalar took part (numpy's rule,
     so the result is right, but slower and twice the memory: usually a `np.float64` learning rate or

@@ -9,26 +9,26 @@ choice, made at the first parallel launch: a value the user set (`NUMBA_THREADIN
 `numba.config.THREADING_LAYER` before importing jitgrad) is kept. workqueue runs one parallel region at
 a time, which `kernels.build.compiler` queues; it is fork-safe, so forked children keep parallel kernels.
 
-torch's own workers are the other half: where torch started its GNU OpenMP runtime before jitgrad could
-set OMP_WAIT_POLICY, they spin for milliseconds after every torch op. libgomp shortens that spin to 100
-pauses when it manages more threads than the process has CPUs (GOMP_SPINCOUNT in libgomp's manual), so
-jitgrad parks one idle team of that many threads in each such runtime (`quiet_openmp_spinning`).
-JITGRAD_OPENMP_SPIN=keep, OMP_WAIT_POLICY or GOMP_SPINCOUNT set before the import leave it alone.
+torch's own workers are the other library's business: torch's GNU OpenMP runtime lets them spin for
+milliseconds after every torch op, which makes torch's many small ops fast on a quiet machine (the bench's
+small LSTM: eager torch 3.5-5.7 ms per step with its spin against 13.8-17 ms without). jitgrad leaves that
+runtime as torch started it and sets no OpenMP variable: it slowed torch 1.6-6x when it did
+(docs/troubleshooting.md). On a machine whose cores other processes keep busy, the spin costs every thread
+of the process; JITGRAD_OPENMP_SPIN=throttle then parks one idle team in each GNU OpenMP runtime loaded
+before jitgrad, with more threads than the process has CPUs, so that libgomp shortens the spin to 100
+pauses (GOMP_SPINCOUNT in libgomp's manual; `quiet_openmp_spinning`).
 """
 from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import threading
-import warnings
 
 import numba
 
-from jitgrad.errors import ThreadsWarning
-
 LAYER = "workqueue"
-KEEP_SPIN_ENV = "JITGRAD_OPENMP_SPIN"  # "keep": leave the spin of an OpenMP runtime loaded before jitgrad alone
+SPIN_ENV = "JITGRAD_OPENMP_SPIN"  # "keep" (the default): leave OpenMP runtimes loaded before jitgrad as they are
+SPIN_CHOICES = ("keep", "throttle")  # "throttle": park an idle team in each, so that libgomp shortens the spin
 _idle_teams: dict[str, IdleTeam] = {}
 
 
@@ -78,33 +78,21 @@ class IdleTeam:
         self._master.join()
 
 
-def _user_chose_spin(policy_was_set: bool) -> bool:
-    """Did the user choose how OpenMP threads wait (OMP_WAIT_POLICY before jitgrad, GOMP_SPINCOUNT, or
-    JITGRAD_OPENMP_SPIN=keep)? Then jitgrad neither quiets nor warns."""
-    return policy_was_set or "GOMP_SPINCOUNT" in os.environ or os.environ.get(KEEP_SPIN_ENV) == "keep"
+def spin_choice() -> str:
+    """JITGRAD_OPENMP_SPIN's value, `keep` where unset; any other value than SPIN_CHOICES is refused."""
+    choice = os.environ.get(SPIN_ENV, "keep")
+    if choice not in SPIN_CHOICES:
+        raise ValueError(f"{SPIN_ENV}={choice!r}: write {SPIN_ENV}=keep (the default: torch's OpenMP threads spin "
+                         f"as torch chose) or {SPIN_ENV}=throttle (they sleep soon after each op; "
+                         "docs/troubleshooting.md)")
+    return choice
 
 
-def quiet_openmp_spinning(policy_was_set: bool) -> list[str]:
-    """Shorten the spin of the GNU OpenMP runtimes loaded before jitgrad (torch's) to libgomp's
-    oversubscribed count, unless the user chose a wait policy or spin count, or set JITGRAD_OPENMP_SPIN=keep.
-    Returns the runtimes quieted so far (each once per process)."""
-    chose = _user_chose_spin(policy_was_set)
-    if not chose:
+def quiet_openmp_spinning() -> list[str]:
+    """With JITGRAD_OPENMP_SPIN=throttle, shorten the spin of the GNU OpenMP runtimes loaded before jitgrad
+    (torch's) to libgomp's oversubscribed count; the runtimes quieted so far (each once per process)."""
+    if spin_choice() == "throttle":
         for path in gnu_openmp_runtimes():
             if path not in _idle_teams:
                 _idle_teams[path] = IdleTeam(path)
     return sorted(_idle_teams)
-
-
-def warn_if_torch_spins(policy_was_set: bool, quieted: list[str]) -> None:
-    """Warn once, at import, where torch started an OpenMP runtime before jitgrad that jitgrad cannot quiet
-    (Intel's or LLVM's, as conda and macOS builds bring): its idle workers then spin after every torch op
-    on the cores the next jitgrad call needs. Only the environment before torch's import can change it."""
-    chose = _user_chose_spin(policy_was_set)
-    if chose or quieted or "torch" not in sys.modules:
-        return
-    warnings.warn("torch was imported before jitgrad, and its OpenMP runtime is not GNU's, which jitgrad can ask "
-                  "to stop spinning: after each torch op its threads spin on the cores the next jitgrad (or numpy) "
-                  "call needs. Set OMP_WAIT_POLICY=PASSIVE (and KMP_BLOCKTIME=0 for Intel's runtime) in the "
-                  "environment before Python starts, or import jitgrad first; see docs/troubleshooting.md",
-                  ThreadsWarning, stacklevel=3)
