@@ -110,7 +110,10 @@ def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
 
 SPLIT_FROM = 1 << 22  # multiply-adds: above this a product is computed as PARTS one-thread products
 PARTS = 2  # fixed, like the rule's other inputs: never the machine's core count or load
-LATE_SKIP = 16  # products run without the helper after it did not start in time (cores busy)
+LATE_SKIP = 2  # products run without the helper after it did not start in time (cores busy). It was 16: right
+# after torch's ops, whose OpenMP workers spin on a core for milliseconds, one late start then kept the helper out of
+# most of the medium transformer's split products after the spin had ended (58.3 ms a step against 39.2 at 2, 36-37
+# alone); beside a busy process 2 and 16 took the same (63.7-64.1 against 63.0-66.1 ms; small 4.96 against 5.00 ms)
 GIL_HELD_OUTPUT = 500  # numpy 2's matmul releases the GIL only around products of more output elements than this
 SPLIT = os.environ.get("JITGRAD_BLAS_SPLIT", "1") != "0"  # JITGRAD_BLAS_SPLIT=0: numpy's product, as before
 
