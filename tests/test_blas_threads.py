@@ -99,9 +99,13 @@ def test_a_product_whose_parts_numpy_runs_holding_the_gil_is_not_split(two_threa
     assert blas_threads.splits(wide.T, wide[:, :22]) and blas_threads.splits(wide[:, :22].T, wide)
 
 
-def test_numpy_releases_the_gil_around_a_product_of_more_than_the_held_outputs() -> None:
+def test_numpy_releases_the_gil_around_a_product_of_more_than_the_held_outputs(two_threads) -> None:
     """What the split relies on: a part with more than GIL_HELD_OUTPUT output elements lets other Python threads
-    run (here: this one, counting while another thread computes a 23 x 22 product with a long inner dimension)."""
+    run (here: this one, counting while another thread computes a 23 x 22 product with a long inner dimension).
+    OpenBLAS on one thread, as a split product's parts run: on two, its threads could hold both cores for the
+    whole product, and this thread counted 0 in a loaded run of the suite."""
+    setter, _ = two_threads
+    setter(1)
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((23, 65536)), rng.standard_normal((65536, 22))
     assert a.shape[0] * b.shape[1] > blas_threads.GIL_HELD_OUTPUT
