@@ -48,9 +48,10 @@ def measure(model: models.Model, size: str, neighbour: str, blocks: int,
     """Per (block kind, candidate): seconds per call, from `blocks` pairs of alone and beside blocks."""
     inputs = model.make_inputs(model.size(size), np.random.default_rng(0))
     with_torch = neighbour == "torch"
-    runs = {c.name: c.prepare(model, wl.VALUE_AND_GRAD, inputs) for c in models.candidates(with_compile=with_torch)
-            if with_torch or c.name == "jitgrad"}
-    runs.update({} if with_torch else neighbour_runs(neighbour))
+    candidates = models.candidates(with_compile=True) if with_torch else [wl.Jitgrad()]
+    runs = {c.name: c.prepare(model, wl.VALUE_AND_GRAD, inputs) for c in candidates}
+    if not with_torch:
+        runs.update(neighbour_runs(neighbour))
     for run in runs.values():
         for _ in range(10):
             run()
@@ -94,9 +95,7 @@ def main() -> int:
     with variants.busy_neighbour(args.busy):
         for name in chosen:
             samples = measure(models.MODELS[name], args.size, args.neighbour, args.blocks, args.rounds)
-            cells = [models.two_states_cell(c, samples[("alone", c)], samples[("beside", c)], first_over_second=False)
-                     for c in dict.fromkeys(n for _, n in samples)]
-            print(f"{name:12s} " + " | ".join(cells), flush=True)
+            print(models.two_states_row(name, samples, ("alone", "beside"), first_over_second=False), flush=True)
     return 0
 
 

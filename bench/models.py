@@ -278,13 +278,18 @@ def candidates(with_compile: bool) -> list[wl.Candidate]:
     return [c for c in wl.candidates(with_compile) if c.name != "numpy"]
 
 
-def two_states_cell(name: str, first: Sequence[float], second: Sequence[float], first_over_second: bool) -> str:
-    """A candidate's seconds per call in two states as `name median (p99) -> median (p99) xR` in ms, R the ratio of
-    the medians: first / second, or second / first (bench/openmp_spin.py, bench/beside.py)."""
-    ms = [float(np.median(x)) * 1e3 for x in (first, second)]
-    p99 = [float(np.percentile(x, 99)) * 1e3 for x in (first, second)]
-    ratio = ms[0] / ms[1] if first_over_second else ms[1] / ms[0]
-    return f"{name} {ms[0]:.3f} ({p99[0]:.2f}) -> {ms[1]:.3f} ({p99[1]:.2f}) x{ratio:.2f}"
+def two_states_row(label: str, samples: dict[tuple[str, str], list[float]], states: tuple[str, str],
+                   first_over_second: bool) -> str:
+    """A model's row from seconds per call keyed (state, candidate): per candidate `name median (p99) -> median
+    (p99) xR` in ms, the first state's then the second's, R the ratio of the medians, first / second or second /
+    first (bench/openmp_spin.py, bench/beside.py)."""
+    cells = []
+    for name in dict.fromkeys(n for _, n in samples):
+        ms = [float(np.median(samples[(s, name)])) * 1e3 for s in states]
+        p99 = [float(np.percentile(samples[(s, name)], 99)) * 1e3 for s in states]
+        ratio = ms[0] / ms[1] if first_over_second else ms[1] / ms[0]
+        cells.append(f"{name} {ms[0]:.3f} ({p99[0]:.2f}) -> {ms[1]:.3f} ({p99[1]:.2f}) x{ratio:.2f}")
+    return f"{label:12s} " + " | ".join(cells)
 
 
 # ---------------------------------------------------------------- interleaved timing

@@ -71,9 +71,8 @@ def main() -> int:
     with variants.busy_neighbour(args.busy):
         for model in models.MODELS.values():
             samples = measure(model, args.size, args.blocks, args.rounds)
-            cells = [models.two_states_cell(n, samples[("spinning", n)], samples[("quieted", n)], first_over_second=True)
-                     for n in dict.fromkeys(n for _, n in samples)]
-            print(f"{model.name:12s} " + " | ".join(cells), flush=True)
+            print(models.two_states_row(model.name, samples, ("spinning", "quieted"), first_over_second=True),
+                  flush=True)
     return 0
 
 

@@ -88,11 +88,10 @@ def spin_choice() -> str:
     return choice
 
 
-def quiet_openmp_spinning() -> list[str]:
+def quiet_openmp_spinning() -> None:
     """With JITGRAD_OPENMP_SPIN=throttle, shorten the spin of the GNU OpenMP runtimes loaded before jitgrad
-    (torch's) to libgomp's oversubscribed count; the runtimes quieted so far (each once per process)."""
+    (torch's) to libgomp's oversubscribed count, each once per process."""
     if spin_choice() == "throttle":
         for path in gnu_openmp_runtimes():
             if path not in _idle_teams:
                 _idle_teams[path] = IdleTeam(path)
-    return sorted(_idle_teams)
