@@ -47,6 +47,7 @@ from jitgrad.runtime import threads as _threads  # noqa: E402
 
 _threads.choose_threading_layer()
 _threads.quiet_openmp_spinning()
+_threads.build_blas_handoff_in_background()
 
 from jitgrad.front.api import Context, Traced, clear_caches, trace  # noqa: E402
 from jitgrad.front.transforms import grad, value_and_grad, vjp  # noqa: E402

@@ -30,6 +30,7 @@ numpy's BLAS is not OpenBLAS, or its thread count cannot be found, nothing chang
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import threading
@@ -39,13 +40,14 @@ import numpy as np
 
 from jitgrad.cores import on_one_core  # a call kept on one core: the parts in turn, the same bits
 
+log = logging.getLogger("jitgrad.blas")
 SMALL_PRODUCT = 1 << 24  # multiply-adds: every product of the small bench models, and the medium LSTM's per step
 _SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads")
 _GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
 
 
-def _openblas() -> tuple[Callable[[int], None], Callable[[], int]] | None:
-    """numpy's OpenBLAS thread-count setter and getter, found among the libraries this process mapped."""
+def _openblas() -> tuple[Callable[[int], None], Callable[[], int], ctypes.CDLL] | None:
+    """numpy's OpenBLAS thread-count setter and getter, and the library, found among those this process mapped."""
     try:
         with open("/proc/self/maps") as maps:
             paths = sorted({line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1].lower()})
@@ -60,7 +62,7 @@ def _openblas() -> tuple[Callable[[int], None], Callable[[], int]] | None:
         getter = next((getattr(lib, g) for g in _GETTERS if hasattr(lib, g)), None)
         if setter is not None and getter is not None:
             setter.argtypes, setter.restype, getter.restype = [ctypes.c_int], None, ctypes.c_int
-            return setter, getter
+            return setter, getter, lib
     return None
 
 
@@ -68,7 +70,9 @@ class _OneThread:
     """Holds OpenBLAS at one thread while any small product runs, then restores the count found."""
 
     def __init__(self) -> None:
-        self.found = _openblas()
+        found = _openblas()
+        self.found = found and found[:2]
+        self.library = found and found[2]
         self.lock = threading.Lock()
         self.depth = 0
         self.saved = 0
@@ -116,6 +120,16 @@ LATE_SKIP = 2  # products run without the helper after it did not start in time 
 # alone); beside a busy process 2 and 16 took the same (63.7-64.1 against 63.0-66.1 ms; small 4.96 against 5.00 ms)
 GIL_HELD_OUTPUT = 500  # numpy 2's matmul releases the GIL only around products of more output elements than this
 SPLIT = os.environ.get("JITGRAD_BLAS_SPLIT", "1") != "0"  # JITGRAD_BLAS_SPLIT=0: numpy's product, as before
+HANDOFF = os.environ.get("JITGRAD_BLAS_HANDOFF", "1") != "0"  # JITGRAD_BLAS_HANDOFF=0: parts handed over in Python
+HANDOFF_AFTER = 32  # split products before blas_handoff is built (a script with a few never compiles it)
+
+
+def _on_a_thread(job: Callable[[], None]) -> None:
+    threading.Thread(target=job, name="jitgrad-blas-handoff-build", daemon=True).start()
+
+
+background_job: Callable[[Callable[[], None]], None] = _on_a_thread  # how the handoff is built off the caller's
+# thread; `import jitgrad` makes it the background-compile queue (runtime.threads.build_blas_handoff_in_background)
 
 
 def _in_turn(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
@@ -128,19 +142,28 @@ class _Helper:
     """One daemon thread that computes the second part of a split product while the caller computes the
     first. The caller hands a part over only when the helper is idle (a non-blocking try), and takes the
     part back if the helper has not started it when the caller's own part is done, so a helper kept off
-    the cores by other work costs at most the handover: the product then runs as two parts in turn."""
+    the cores by other work costs at most the handover: the product then runs as two parts in turn. Once
+    the process has split HANDOFF_AFTER products, parts that numpy gives to gemm are handed over
+    without the GIL (blas_handoff: the helper polls for SPIN_NS after each part), others as before."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # held by the caller whose part the helper may hold
-        self.ready = threading.Semaphore(0)
+        self.ready = threading.Semaphore(0)  # the helper sleeps on it
         self.done = threading.Semaphore(0)  # released once for each part the helper claimed
         self.job: tuple[threading.Lock, tuple[np.ndarray, np.ndarray, np.ndarray], list[BaseException]] | None = None
         self.thread: threading.Thread | None = None
         self.skip = 0  # products to run without the helper, after it was late
+        self.splits = 0  # split products so far (the handoff is built at HANDOFF_AFTER)
+        self.handoff: Any = None  # blas_handoff.Handoff, once built
 
     def run(self) -> None:
         while True:
+            handoff = self.handoff if HANDOFF else None
+            if handoff is not None:
+                handoff.serve()  # returns when idle for SPIN_NS, or when a part comes the Python way
             self.ready.acquire()
+            if self.handoff is not None:
+                self.handoff.awake()
             self._take(self.job)  # one read: the claim goes with its part; no array stays bound while waiting
 
     def _take(self, job: Any) -> None:
@@ -156,6 +179,9 @@ class _Helper:
         self.done.release()
 
     def split(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        self.splits += 1
+        if self.splits == HANDOFF_AFTER and HANDOFF:
+            background_job(self._build_handoff)
         if on_one_core.on:
             _in_turn(parts)
             return
@@ -167,22 +193,44 @@ class _Helper:
             if self.thread is None:
                 self.thread = threading.Thread(target=self.run, name="jitgrad-blas-part", daemon=True)
                 self.thread.start()
-            claim, errors = threading.Lock(), []
-            self.job = (claim, parts[1], errors)
-            self.ready.release()
-            a, b, out = parts[0]
-            np.matmul(a, b, out=out)
-            if claim.acquire(blocking=False):  # not started: cores busy, the caller computes it
-                self.skip = LATE_SKIP
-                a, b, out = parts[1]
-                np.matmul(a, b, out=out)
+            handoff = self.handoff if HANDOFF else None
+            gemms = [handoff.describe(*part) for part in parts] if handoff is not None else [None]
+            if all(gemms):
+                if not handoff.split(*gemms):  # the helper did not claim its part in time
+                    self.skip = LATE_SKIP
             else:
-                self.done.acquire()
-                if errors:
-                    raise errors[0]
+                self._split_in_python(parts, handoff)
         finally:
             self.job = None  # the operands and output are not kept alive
             self.lock.release()
+
+    def _split_in_python(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], handoff: Any) -> None:
+        """The second part handed over through Python locks (the caller holds `lock`)."""
+        claim, errors = threading.Lock(), []
+        self.job = (claim, parts[1], errors)
+        if handoff is not None:
+            handoff.python_part()
+        self.ready.release()
+        a, b, out = parts[0]
+        np.matmul(a, b, out=out)
+        if claim.acquire(blocking=False):  # not started: cores busy, the caller computes it
+            self.skip = LATE_SKIP
+            a, b, out = parts[1]
+            np.matmul(a, b, out=out)
+        else:
+            self.done.acquire()
+            if errors:
+                raise errors[0]
+
+    def _build_handoff(self) -> None:
+        """Compiles or loads blas_handoff (numba) on a thread of its own; the helper switches to it."""
+        try:
+            from jitgrad.ops import blas_handoff  # compiles its functions: only in processes that split many products
+
+            self.handoff = blas_handoff.build(_one_thread.library, self.ready)
+        except Exception:  # noqa: BLE001 - a numba or llvmlite without what it needs: the Python handover stays
+            log.warning("the GIL-free BLAS handoff did not build; split products keep the Python handover",
+                        exc_info=True)
 
 
 _helper = _Helper()

@@ -32,6 +32,16 @@ SPIN_CHOICES = ("keep", "throttle")  # "throttle": park an idle team in each, so
 _idle_teams: dict[str, IdleTeam] = {}
 
 
+def build_blas_handoff_in_background() -> None:
+    """blas_threads builds its GIL-free handoff (numba compiles, blas_handoff) in the background-compile queue, so
+    that it never overlaps a kernel's compile and whatever waits for background compiles (timing a kernel's
+    variants, a benchmark's warm-up) waits for it too."""
+    from jitgrad.kernels.build import background
+    from jitgrad.ops import blas_threads
+
+    blas_threads.background_job = background.scheduler.submit
+
+
 def choose_threading_layer() -> None:
     """Make numba's parallel kernels use the `workqueue` layer unless the user chose a layer."""
     if "NUMBA_THREADING_LAYER" in os.environ or numba.config.THREADING_LAYER != "default":
