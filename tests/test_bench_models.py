@@ -154,6 +154,29 @@ def test_beside_times_each_candidate_alone_and_beside_in_one_process(tmp_path) -
             assert ratio == pytest.approx(beside / alone, abs=0.01 + 0.03 * beside / alone)
 
 
+@pytest.mark.slow
+def test_blas_handoff_times_both_handovers_in_one_process(tmp_path) -> None:
+    """bench/blas_handoff.py at the small size: the transformer block splits products (a row with jitgrad's
+    medians with the Python handover and with the handoff, and their ratio), the small conv net splits none."""
+    import os
+    import re
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "bench" / "blas_handoff.py"
+    env = {**os.environ, "JITGRAD_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(script), "--size", "small", "--models", "transformer,conv", "--blocks",
+                          "2", "--rounds", "3"], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("torch first, small models, 2 blocks of 3 calls each way")
+    assert lines[2] == "conv         splits no product at this size"
+    c = re.fullmatch(r"transformer +jitgrad ([\d.]+) \(([\d.]+)\) -> ([\d.]+) \(([\d.]+)\) x([\d.]+)", lines[1])
+    assert c, lines[1]
+    python, handoff, ratio = float(c.group(1)), float(c.group(3)), float(c.group(5))
+    assert 0 < python <= float(c.group(2)) + 0.01 and 0 < handoff <= float(c.group(4)) + 0.01
+    assert ratio == pytest.approx(handoff / python, abs=0.01 + 0.03 * handoff / python)
+
+
 def test_beside_refuses_an_unknown_model() -> None:
     import subprocess
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from typing import Callable
 
 import numba
 
@@ -39,7 +40,10 @@ def build_blas_handoff_in_background() -> None:
     from jitgrad.kernels.build import background
     from jitgrad.ops import blas_threads
 
-    blas_threads.background_job = background.scheduler.submit
+    def submit(job: Callable[[], None]) -> None:
+        background.scheduler.submit(job)  # the scheduler of the moment: a forked child has a new one
+
+    blas_threads.background_job = submit
 
 
 def choose_threading_layer() -> None:
