@@ -85,10 +85,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--busy", action="store_true", help="beside a process spinning on one core, too")
     args = parser.parse_args()
-    chosen = [m for m in args.models.split(",") if m]
-    unknown = [m for m in chosen if m not in models.MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from {list(models.MODELS)}")
+    chosen = models.chosen_models(parser, args.models)
     wl.configure_threads(2)
     print(f"torch first, {args.size} models, neighbour {args.neighbour}, {args.blocks} pairs of blocks of "
           f"{args.rounds} calls{', beside a busy process' if args.busy else ''}; median (p99) ms alone -> beside")

@@ -76,10 +76,7 @@ def main() -> int:
     parser.add_argument("--beside-torch", action="store_true", help="eager PyTorch's step before each call")
     parser.add_argument("--busy", action="store_true", help="beside a process spinning on one core")
     args = parser.parse_args()
-    chosen = [m for m in args.models.split(",") if m]
-    unknown = [m for m in chosen if m not in models.MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from {list(models.MODELS)}")
+    chosen = models.chosen_models(parser, args.models)
     if not blas_threads.HANDOFF:
         parser.error("JITGRAD_BLAS_HANDOFF=0 is set: there is no handoff to compare")
     wl.configure_threads(2)

@@ -278,6 +278,15 @@ def candidates(with_compile: bool) -> list[wl.Candidate]:
     return [c for c in wl.candidates(with_compile) if c.name != "numpy"]
 
 
+def chosen_models(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The models a comma-separated --models names, or the parser's usage error naming those that are none."""
+    chosen = [m for m in text.split(",") if m]
+    unknown = [m for m in chosen if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    return chosen
+
+
 def two_states_row(label: str, samples: dict[tuple[str, str], list[float]], states: tuple[str, str],
                    first_over_second: bool) -> str:
     """A model's row from seconds per call keyed (state, candidate): per candidate `name median (p99) -> median
