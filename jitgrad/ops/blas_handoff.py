@@ -11,7 +11,7 @@ compare-and-swap order the two; a part the helper has not claimed when the calle
 computed by the caller, as in blas_threads. After SPIN_NS without an offer the helper sleeps on a semaphore, which
 the caller releases when it finds it asleep, so an idle process spins nowhere; while polling, it gives its core
 to any other thread that wants it every YIELD_EVERY polls (sched_yield). Measured (docs/benchmarks.md): the medium
-LSTM's step 8-15% shorter alone, 3-5% beside torch's steps; polling without yielding was 13% slower beside torch.
+LSTM's step 0.84-0.94 of its time alone, 0.81-0.97 beside torch's; polling without yielding, 1.13 beside torch's.
 
 Each part is the one gemm call that numpy's matmul makes for it (the same routine of the same library, the same
 transposition flags and leading dimensions: `describe` applies numpy's rule), so its bits are np.matmul's, who
