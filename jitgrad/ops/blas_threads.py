@@ -154,6 +154,7 @@ class _Helper:
         self.thread: threading.Thread | None = None
         self.skip = 0  # products to run without the helper, after it was late
         self.splits = 0  # split products so far (the handoff is built at HANDOFF_AFTER)
+        self.building = False  # whether the handoff's build was submitted
         self.handoff: Any = None  # blas_handoff.Handoff, once built
 
     def run(self) -> None:
@@ -180,7 +181,8 @@ class _Helper:
 
     def split(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         self.splits += 1
-        if self.splits == HANDOFF_AFTER and HANDOFF:
+        if self.splits >= HANDOFF_AFTER and HANDOFF and not self.building:
+            self.building = True
             background_job(self._build_handoff)
         if on_one_core.on:
             _in_turn(parts)
@@ -223,7 +225,8 @@ class _Helper:
                 raise errors[0]
 
     def _build_handoff(self) -> None:
-        """Compiles or loads blas_handoff (numba) on a thread of its own; the helper switches to it."""
+        """Compiles or loads blas_handoff (numba), off the caller's thread (`background_job`); the helper and the
+        callers switch to it once it is set."""
         try:
             from jitgrad.ops import blas_handoff  # compiles its functions: only in processes that split many products
 
