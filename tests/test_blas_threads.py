@@ -103,28 +103,34 @@ def test_numpy_releases_the_gil_around_a_product_of_more_than_the_held_outputs(t
     """What the split relies on: a part with more than GIL_HELD_OUTPUT output elements lets other Python threads
     run (here: this one, counting while another thread computes a 23 x 22 product with a long inner dimension).
     OpenBLAS on one thread, as a split product's parts run: on two, its threads could hold both cores for the
-    whole product, and this thread counted 0 in a loaded run of the suite."""
+    whole product, and this thread counted 0 in a loaded run of the suite. Best of five products: on a machine
+    that other processes keep busy this thread may get no core during one of them (9 of 100 beside two spinning
+    processes), while a product that kept the GIL would let it count in none."""
     setter, _ = two_threads
     setter(1)
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((23, 65536)), rng.standard_normal((65536, 22))
     assert a.shape[0] * b.shape[1] > blas_threads.GIL_HELD_OUTPUT
     out = np.empty((23, 22))
-    started, done = threading.Event(), threading.Event()
 
-    def part() -> None:
-        started.set()
-        np.matmul(a, b, out=out)
-        done.set()
+    def count_beside() -> int:
+        started, done = threading.Event(), threading.Event()
 
-    worker = threading.Thread(target=part)
-    worker.start()
-    started.wait()
-    beside = 0
-    while not done.is_set():
-        beside += 1
-    worker.join()
-    assert beside > 1000
+        def part() -> None:
+            started.set()
+            np.matmul(a, b, out=out)
+            done.set()
+
+        worker = threading.Thread(target=part)
+        worker.start()
+        started.wait()
+        beside = 0
+        while not done.is_set():
+            beside += 1
+        worker.join()
+        return beside
+
+    assert max(count_beside() for _ in range(5)) > 1000
 
 
 def test_a_split_product_writes_through_out_and_not_into_its_own_operands(two_threads) -> None:
