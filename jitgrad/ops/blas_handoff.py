@@ -91,7 +91,8 @@ def _pause(typingctx: Any) -> Any:
     """The processor's spin-wait hint (x86 `pause`), which frees the core's resources while polling."""
     def codegen(context, builder, signature, args):
         if _X86:
-            builder.call(ir.Function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"), [])
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse2.pause"), [])
         return context.get_dummy_value()
     return types.void(), codegen
 
@@ -333,8 +334,8 @@ def _libc_functions() -> tuple[int, int, int]:
 
 def build(lib: ctypes.CDLL, wake: threading.Semaphore) -> Handoff | None:
     """The handoff for numpy's OpenBLAS `lib`, its helper sleeping on `wake`; None where `lib` has no ILP64 cblas
-    gemm (the Python handover then stays)."""
+    gemm, or the platform is not a 64-bit one with a monotonic clock_gettime (the Python handover then stays)."""
     pointers = _gemm_pointers(lib)
-    if pointers is None:
+    if pointers is None or ctypes.sizeof(ctypes.c_long) != 8 or not hasattr(time, "CLOCK_MONOTONIC"):
         return None
     return Handoff(pointers, wake)
