@@ -152,7 +152,7 @@ def test_the_helper_stops_polling_once_idle(handoff) -> None:
     for _ in range(3):
         blas_threads.matmul(a, b)
     helper = blas_threads._helper.thread
-    time.sleep(0.05)  # many times SPIN_S
+    time.sleep(0.05)  # many times SPIN_NS
     assert handoff.state[blas_handoff.SLEEPING] == 1
     start = _ticks(helper.native_id)
     time.sleep(0.3)
