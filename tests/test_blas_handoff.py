@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from jitgrad.ops import blas_threads
+from test_blas_threads import one_after_the_other  # the split product's parts by np.matmul, in turn
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(blas_threads._one_thread.found is None, reason="numpy's BLAS is not OpenBLAS")
@@ -52,15 +53,6 @@ def one_openblas_thread():
         setter(before)
 
 
-def in_turn(a, b):
-    """The split product's parts computed by np.matmul one after the other, OpenBLAS on one thread."""
-    out = np.empty((a.shape[0], b.shape[1]), a.dtype)
-    with one_openblas_thread():
-        for x, y, o in blas_threads._parts(a, b, out):
-            np.matmul(x, y, out=o)
-    return out
-
-
 def layouts(dtype):
     """2-D operands numpy gives to gemm: C and Fortran order, slices of wider arrays (a leading dimension above
     the row), rows and columns split, odd sizes."""
@@ -84,7 +76,7 @@ def test_each_part_has_the_bits_of_numpys_product_whoever_computes_it(handoff, d
         out = np.empty((a.shape[0], b.shape[1]), dtype)
         gemms = [handoff.describe(*part) for part in blas_threads._parts(a, b, out)]
         assert all(gemms)
-        want = in_turn(a, b)
+        want = one_after_the_other(a, b)
         got = []
 
         def product():
@@ -162,7 +154,7 @@ def test_the_helper_stops_polling_once_idle(handoff) -> None:
 def test_threads_splitting_at_once_get_numpys_bits(handoff) -> None:
     """One product at a time uses the helper; the others run their parts in turn, with the same bits."""
     cases = layouts(np.float32)[:3]
-    wants = [in_turn(a, b) for a, b in cases]
+    wants = [one_after_the_other(a, b) for a, b in cases]
     failures = []
 
     def work():
@@ -208,7 +200,7 @@ def test_the_handoff_is_built_once_a_process_split_enough_products(handoff, prod
 
 def test_a_child_forked_while_the_helper_polls_has_a_helper_of_its_own(handoff) -> None:
     a, b = layouts(np.float32)[0]
-    want = in_turn(a, b)
+    want = one_after_the_other(a, b)
     blas_threads._helper.skip = 0
     blas_threads.matmul(a, b)  # the parent's helper polls now
     pid = os.fork()

@@ -166,14 +166,12 @@ _dgemm = _gemm_intrinsic(ir.DoubleType())
 @numba.njit(types.void(_state_type, _state_type, types.int64), nogil=True, cache=True)
 def _run_offered(state, functions, base):
     """The gemm described at state[base:] (base 0: the offer's slots)."""
+    gemm = (state[base + TRANS_A], state[base + TRANS_B], state[base + M], state[base + N], state[base + K],
+            state[base + A], state[base + LDA], state[base + B], state[base + LDB], state[base + C], state[base + LDC])
     if state[base + DOUBLE]:
-        _dgemm(functions[DGEMM], state[base + TRANS_A], state[base + TRANS_B], state[base + M], state[base + N],
-               state[base + K], state[base + A], state[base + LDA], state[base + B], state[base + LDB],
-               state[base + C], state[base + LDC])
+        _dgemm(functions[DGEMM], *gemm)
     else:
-        _sgemm(functions[SGEMM], state[base + TRANS_A], state[base + TRANS_B], state[base + M], state[base + N],
-               state[base + K], state[base + A], state[base + LDA], state[base + B], state[base + LDB],
-               state[base + C], state[base + LDC])
+        _sgemm(functions[SGEMM], *gemm)
 
 
 @numba.njit(types.boolean(_state_type), nogil=True, cache=True)
