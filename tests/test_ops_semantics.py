@@ -39,6 +39,28 @@ def test_index_gradient_scatter_adds_repeated_indices(rng):
     np.testing.assert_allclose(grad, expected, rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+def test_scatter_add_has_the_bits_of_numpys_add_at(dtype):
+    """Rows picked by index arrays (an embedding's gradient) go through flat positions; each element must still
+    get its addends in index order from 0, as np.add.at adds them (signed zeros included)."""
+    from jitgrad.ops.indexing import _scatter_add_impl
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        shape = tuple(int(d) for d in rng.integers(1, 6, rng.integers(1, 4)))
+        picked = tuple(int(d) for d in rng.integers(0, 5, rng.integers(0, 3)))
+        indices = [rng.integers(-d, d, picked) for d in shape[:rng.integers(1, len(shape) + 1)]]
+        g = np.asarray(rng.standard_normal(picked + shape[len(indices):]) * 10).astype(dtype)
+        if rng.random() < 0.2:
+            g = -np.zeros_like(g)
+        expected = np.zeros(shape, dtype)
+        np.add.at(expected, tuple(indices), g)
+        got = _scatter_add_impl(g, *indices, shape=shape)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert got.tobytes() == expected.tobytes(), (shape, indices)
+    with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 4"):
+        _scatter_add_impl(np.ones((2, 3)), np.array([0, 5]), shape=(4, 3))
+
+
 def test_traced_integer_labels_pick_one_entry_per_row(rng):
     logits, labels = rng.standard_normal((5, 3)), np.array([2, 0, 0, -1, 1])
 

@@ -3,6 +3,7 @@ advanced `x[key]`, take (all modes), take_along_axis, repeat, one_hot, and itera
 from __future__ import annotations
 
 import builtins
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -61,11 +62,31 @@ def _scatter_add_rule(avals: Sequence[Aval], *, shape: tuple[int, ...]) -> Aval:
 
 
 def _scatter_add_impl(g: Any, *indices: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """zeros(shape) with g added at [i0, i1, ...]; repeated indices accumulate (np.add.at)."""
+    """zeros(shape) with g added at [i0, i1, ...]; repeated indices accumulate, in index order (np.add.at's
+    bits). Where the indices pick rows (trailing axes not indexed: an embedding's gradient), add.at runs on the
+    flat output with one flat position per element: numpy's fast path for a 1-D target, 4x faster than index
+    arrays into leading axes (1024 rows of 64 into (94, 64): 0.15 against 0.56 ms); each output element still
+    gets its addends in the same order, starting from 0."""
     g = np.asarray(g)
-    out = np.zeros(shape, g.dtype)
-    np.add.at(out, tuple(np.asarray(i) for i in indices), g)
-    return out
+    lead = tuple(np.asarray(i) for i in indices)
+    rest = shape[len(lead):]
+    if not rest:
+        out = np.zeros(shape, g.dtype)
+        np.add.at(out, lead, g)
+        return out
+    lead = tuple(np.broadcast_arrays(*lead))
+    rows = np.zeros(lead[0].shape, np.intp)
+    for axis, (index, size) in enumerate(zip(lead, shape)):
+        if index.size and (index.min() < -size or index.max() >= size):
+            bad = index[(index < -size) | (index >= size)].flat[0]
+            raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {size}")
+        index = index.astype(np.intp, copy=False)  # unsigned indices too (uint64 + int64 would be float)
+        rows = rows * size + np.where(index < 0, index + size, index)
+    trailing = math.prod(rest)
+    positions = rows.reshape(-1, 1) * trailing + np.arange(trailing, dtype=np.intp)
+    out = np.zeros(math.prod(shape), g.dtype)
+    np.add.at(out, positions.reshape(-1), np.broadcast_to(g, rows.shape + rest).reshape(-1))
+    return out.reshape(shape)
 
 
 def _scatter_add_vjp(cts: Sequence[Any], ins: Sequence[Any], outs: Sequence[Any], *, shape: tuple[int, ...]
