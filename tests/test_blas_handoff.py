@@ -102,27 +102,84 @@ def test_what_numpy_does_not_give_to_gemm_is_not_described(handoff) -> None:
     assert handoff.describe(a, b[:, :1], out[:, :1]) is None  # a column: gemv
     assert handoff.describe(a, b.astype(np.float64), out) is None  # mixed dtypes
     assert handoff.describe(a.astype(np.int64), b.astype(np.int64), out.astype(np.int64)) is None
-    assert handoff.describe(a[None], b[None], out[None]) is None  # batched
     square = rng.standard_normal((48, 48)).astype(np.float32)
     assert handoff.describe(square, square.T, np.empty((48, 48), np.float32)) is None  # numpy's syrk
+    other = square.copy()
+    assert handoff.describe(square, other.T, np.empty((48, 48), np.float32)) is not None  # two arrays: gemm
+    stack = rng.standard_normal((4, 48, 48)).astype(np.float32)
+    assert handoff.describe(stack, stack.transpose(0, 2, 1), np.empty((4, 48, 48), np.float32)) is None
+    assert handoff.describe(stack[1:], stack[:3].transpose(0, 2, 1), np.empty((3, 48, 48), np.float32)) is not None
     assert handoff.describe(a, b, np.empty((48, 64), np.float32).T) is None  # output not in rows
+    assert handoff.describe(a[None], b[None], out[None]) is not None  # a stack of one
+    deep = rng.standard_normal((2, 3, 5, 64, 32)).astype(np.float32)
+    assert handoff.describe(deep, b, np.empty((2, 3, 5, 64, 48), np.float32)) is not None  # one level, merged
+    mixed = deep.transpose(2, 1, 0, 3, 4)  # no two batch dimensions step evenly
+    assert handoff.describe(mixed, b, np.empty((5, 3, 2, 64, 48), np.float32)) is None  # three levels
+    assert handoff.describe(mixed[:, 0], b, np.empty((5, 2, 64, 48), np.float32)) is not None  # two
+
+
+def stacks(dtype):
+    """Batched products cut along their batch: views of one array (an attention's q and k), a broadcast operand, two
+    levels of batch dimensions, a level of odd length."""
+    rng = np.random.default_rng(10)
+    qkv = rng.standard_normal((16, 64, 192)).astype(dtype)
+    q, k = (qkv[..., i * 64:(i + 1) * 64].reshape(16, 64, 4, 16).transpose(0, 2, 1, 3) for i in range(2))
+    return [(q, k.transpose(0, 1, 3, 2)), (rng.standard_normal((16, 4, 64, 64)).astype(dtype), q),
+            (rng.standard_normal((9, 2, 64, 128)).astype(dtype), rng.standard_normal((2, 128, 96)).astype(dtype)),
+            (rng.standard_normal((9, 128, 64)).astype(dtype), rng.standard_normal((64, 256)).astype(dtype))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_batched_part_has_the_bits_of_numpys_product_whoever_computes_it(handoff, dtype) -> None:
+    for a, b in stacks(dtype):
+        out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), dtype)
+        calls = handoff.calls(a, b, out, blas_threads._parts)
+        assert calls == [handoff.describe(*part) for part in blas_threads._parts(a, b, out)]
+        with one_openblas_thread():
+            want = np.matmul(a, b)  # a batched product's parts are cut along its batch: the whole product's bits
+        got = []
+
+        def product():
+            out[...] = np.nan
+            with one_openblas_thread():
+                handoff.split(*calls)
+            got.append(np.array_equal(out, want))
+
+        assert until_handed(handoff, product)
+        assert all(got)
+
+
+def test_the_parts_calls_are_derived_once_per_layout_and_moved_to_each_products_addresses(handoff) -> None:
+    rng = np.random.default_rng(11)
+    for a, b in layouts(np.float32)[:3] + stacks(np.float32)[:2]:
+        for _ in range(2):  # new arrays of the same layout: the calls derived for the first, at these addresses
+            a2, b2 = np.empty_like(a), np.empty_like(b)
+            a2[...], b2[...] = a, b
+            x, y = (a2 if a.flags.c_contiguous else a), b2 if b.flags.c_contiguous else b
+            out = np.empty(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (x.shape[-2], y.shape[-1]), np.float32)
+            assert handoff.calls(x, y, out, blas_threads._parts) == [
+                handoff.describe(*part) for part in blas_threads._parts(x, y, out)]
+    square = rng.standard_normal((4, 256, 256)).astype(np.float32)
+    out = np.empty((4, 256, 256), np.float32)
+    assert handoff.calls(square, square.copy().transpose(0, 2, 1), out, blas_threads._parts) is not None
+    assert handoff.calls(square, square.transpose(0, 2, 1), out, blas_threads._parts) is None  # one array: syrk
 
 
 def test_a_part_for_the_python_handover_interrupts_the_helpers_polling(handoff) -> None:
     rng = np.random.default_rng(9)
     flat = rng.standard_normal((256, 128)).astype(np.float32), rng.standard_normal((128, 512)).astype(np.float32)
-    batched = rng.standard_normal((8, 128, 256)).astype(np.float32), rng.standard_normal((8, 256, 512)).astype(
-        np.float32)
+    strided = rng.standard_normal((256, 256)).astype(np.float32)[:, ::2], flat[1]  # no unit stride: not gemm's
+    assert blas_threads.splits(*strided) and handoff.describe(*strided, np.empty((256, 512), np.float32)) is None
     with one_openblas_thread():
-        want_flat, want_batched = np.matmul(*flat), [np.matmul(*p[:2]) for p in blas_threads._parts(
-            *batched, np.empty((8, 128, 512), np.float32))]
+        want_flat = np.matmul(*flat)
+    want_strided = one_after_the_other(*strided)
     results = []
 
     def products():
         blas_threads._helper.skip = 0
-        results.append(np.allclose(blas_threads.matmul(*flat), want_flat, rtol=1e-5, atol=1e-4))
-        got = blas_threads.matmul(*batched)  # right after: the helper is polling
-        results.append(np.array_equal(got, np.concatenate(want_batched, axis=-1)))  # parts are column slices
+        results.append(np.array_equal(blas_threads.matmul(*flat), want_flat))
+        got = blas_threads.matmul(*strided)  # right after: the helper is polling
+        results.append(np.array_equal(got, want_strided))
 
     assert until_handed(handoff, products)
     for _ in range(5):

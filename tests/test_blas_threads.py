@@ -83,6 +83,31 @@ def test_a_split_product_has_the_bits_of_its_parts_in_turn_whoever_ran_them(two_
         np.testing.assert_allclose(want, exact, rtol=tol, atol=tol * 100)
 
 
+def test_a_batched_product_is_cut_along_its_batch_with_the_whole_products_bits(two_threads) -> None:
+    """numpy's matmul makes one gemm call per matrix, the same in any stack, so parts cut along a batch dimension
+    have the unsplit product's bits; a batch dimension of odd length below BATCH_CUT_MIN leaves rows cut."""
+    setter, _ = two_threads
+    rng = np.random.default_rng(5)
+    qkv = rng.standard_normal((16, 64, 192)).astype(np.float32)  # an attention's q and k: views of one array
+    q, k = (qkv[..., i * 64:(i + 1) * 64].reshape(16, 64, 4, 16).transpose(0, 2, 1, 3) for i in range(2))
+    cases = [(q, k.transpose(0, 1, 3, 2), 8), (rng.standard_normal((9, 2, 64, 128)).astype(np.float32),
+                                               rng.standard_normal((2, 128, 96)).astype(np.float32), 9),
+             (rng.standard_normal((9, 128, 256)), rng.standard_normal((256, 128)), 4)]
+    for a, b, first_part in cases:
+        out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
+        parts = blas_threads._parts(a, b, out)
+        assert parts[0][2].shape[:-2] != out.shape[:-2] and parts[0][2].shape[:-2][0] == first_part
+        setter(1)
+        whole = np.matmul(a, b)
+        setter(2)
+        assert np.array_equal(one_after_the_other(a, b), whole)
+        got = [blas_threads.matmul(a, b) for _ in range(4)]
+        assert all(np.array_equal(g, whole) for g in got)
+    odd = rng.standard_normal((3, 256, 128)).astype(np.float32), rng.standard_normal((128, 96)).astype(np.float32)
+    out = np.empty((3, 256, 96), np.float32)
+    assert [p[2].shape for p in blas_threads._parts(*odd, out)] == [(3, 128, 96)] * 2  # rows
+
+
 def test_a_product_whose_parts_numpy_runs_holding_the_gil_is_not_split(two_threads) -> None:
     """The medium conv net's first-layer weight gradient: parts of 13 x 16 outputs, which numpy computes without
     releasing the GIL, so the helper could not run one beside the caller; it runs whole on one thread."""

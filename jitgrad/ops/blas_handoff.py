@@ -4,7 +4,7 @@ Handing a part over through Python semaphores cost about 100 us a product on thi
 (a (256, 128) @ (128, 512) product, measured: the helper started its part 37 us after the offer, the caller woke
 37 us after the helper's end, the offer itself 11 us): each wake-up of a thread blocked on a lock, the GIL's
 included, waits for the operating system to run it again. Here the caller and the helper meet in compiled code
-that runs without the GIL: the caller writes the part's description (the arguments of one BLAS gemm) into a
+that runs without the GIL: the caller writes the part's description (the arguments of its BLAS gemm calls) into a
 shared array and computes its own part; the helper, polling that array for up to SPIN_NS after its last part,
 claims and computes the offered one and marks it done, which the caller polls for. Atomic loads, stores and a
 compare-and-swap order the two; a part the helper has not claimed when the caller's own is done is taken back and
@@ -13,9 +13,10 @@ the caller releases when it finds it asleep, so an idle process spins nowhere; w
 to any other thread that wants it every YIELD_EVERY polls (sched_yield). Measured (docs/benchmarks.md): the medium
 LSTM's step 0.84-0.94 of its time alone, 0.81-0.97 beside torch's; polling without yielding, 1.13 beside torch's.
 
-Each part is the one gemm call that numpy's matmul makes for it (the same routine of the same library, the same
-transposition flags and leading dimensions: `describe` applies numpy's rule), so its bits are np.matmul's, who
-ever runs it. Parts numpy would not give to gemm (batched, vectors, strided) keep the Python handover. Used only
+Each part is the gemm calls that numpy's matmul makes for it (the same routine of the same library, the same
+transposition flags and leading dimensions, one call per matrix of a batched part: gemm_calls applies numpy's
+rule), so its bits are np.matmul's, whoever runs it. Parts numpy would not give to gemm (vectors, strided, more
+than two levels of batch dimensions that do not merge) keep the Python handover. Used only
 where numpy's BLAS exports ILP64 cblas gemm (numpy's own wheels do), once a process has split
 blas_threads.HANDOFF_AFTER products (a short script never compiles these functions: about 2 s once, then numba's
 disk cache), and not with JITGRAD_BLAS_HANDOFF=0.
@@ -35,19 +36,27 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from jitgrad.ops import gemm_calls
+from jitgrad.ops.gemm_calls import (A, B, C, COUNT0, COUNT1, DOUBLE, K, LDA, LDB, LDC, M, N, ROW_MAJOR, STEP_A0,
+                                    STEP_A1, STEP_B0, STEP_B1, STEP_C0, STEP_C1, TRANS_A, TRANS_B)
+
 YIELD_EVERY = 8  # polls between two sched_yield calls (and two reads of the clock)
 SPIN_NS = 300_000  # how long the helper polls for a next part, and the caller for the helper's, before sleeping:
 # the medium LSTM's step alone 0.957 / 0.907 / 0.908 of the Python handover's with 100 / 300 / 1000 us, beside
 # torch's steps 0.994 / 0.942 / 0.970
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # cblas enumerations
-BLAS_MAX = (1 << 31) - 1  # numpy gives gemm no dimension or leading dimension above this
-
 # the functions array: cblas_sgemm, cblas_dgemm, sched_yield (0: none), clock_gettime, the monotonic clock's id
 SGEMM, DGEMM, YIELD, CLOCK, CLOCK_ID = range(5)
 # the shared array's slots: the offer's state, whether the helper sleeps (or is about to), whether a part waits
-# for it through blas_threads' Python handover, then the offered part's gemm; then the caller's own part's gemm
-STATE, SLEEPING, PYTHON_PART, DOUBLE, TRANS_A, TRANS_B, M, N, K, A, LDA, B, LDB, C, LDC = range(15)
-SLOTS = 15
+# for it through blas_threads' Python handover, then the offered part's calls (gemm_calls' FIELDS from CALL); then
+# the caller's own part's, SLOTS further
+STATE, SLEEPING, PYTHON_PART, CALL = range(4)
+SLOTS = CALL + gemm_calls.FIELDS
+# numba's disk cache knows this file's text only, and the compiled code holds gemm_calls' field numbers as
+# constants: they are repeated here, so that a change there cannot meet code compiled for the old numbers
+_FIELDS = ("DOUBLE TRANS_A TRANS_B M N K A LDA B LDB C LDC COUNT0 STEP_A0 STEP_B0 STEP_C0 COUNT1 STEP_A1 STEP_B1 "
+           "STEP_C1").split()
+if [getattr(gemm_calls, name) for name in _FIELDS] != list(range(gemm_calls.FIELDS)):
+    raise ImportError("gemm_calls' fields changed: repeat them in blas_handoff._FIELDS (its compiled code reads them)")
 IDLE, OFFERED, CLAIMED, DONE = 0, 1, 2, 3
 _state_type = _functions_type = types.Array(types.int64, 1, "C")
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -165,13 +174,19 @@ _dgemm = _gemm_intrinsic(ir.DoubleType())
 
 @numba.njit(types.void(_state_type, _state_type, types.int64), nogil=True, cache=True)
 def _run_offered(state, functions, base):
-    """The gemm described at state[base:] (base 0: the offer's slots)."""
-    gemm = (state[base + TRANS_A], state[base + TRANS_B], state[base + M], state[base + N], state[base + K],
-            state[base + A], state[base + LDA], state[base + B], state[base + LDB], state[base + C], state[base + LDC])
-    if state[base + DOUBLE]:
-        _dgemm(functions[DGEMM], *gemm)
-    else:
-        _sgemm(functions[SGEMM], *gemm)
+    """The gemm calls described at state[base:] (base CALL: the offer's), one per matrix of the stack."""
+    at = base + DOUBLE
+    for i in range(state[at + COUNT0]):
+        for j in range(state[at + COUNT1]):
+            a = state[at + A] + i * state[at + STEP_A0] + j * state[at + STEP_A1]
+            b = state[at + B] + i * state[at + STEP_B0] + j * state[at + STEP_B1]
+            c = state[at + C] + i * state[at + STEP_C0] + j * state[at + STEP_C1]
+            gemm = (state[at + TRANS_A], state[at + TRANS_B], state[at + M], state[at + N], state[at + K],
+                    a, state[at + LDA], b, state[at + LDB], c, state[at + LDC])
+            if state[at + DOUBLE]:
+                _dgemm(functions[DGEMM], *gemm)
+            else:
+                _sgemm(functions[SGEMM], *gemm)
 
 
 @numba.njit(types.boolean(_state_type), nogil=True, cache=True)
@@ -185,9 +200,9 @@ def _offer(state):
 def _own_then_wait(state, functions, window):
     """Computes the caller's part (described at state[SLOTS:]), then the offered one if the helper has not
     claimed it (returns IDLE), else polls for the helper's for up to `window` ns (DONE, or CLAIMED if not yet)."""
-    _run_offered(state, functions, SLOTS)
+    _run_offered(state, functions, SLOTS + CALL)
     if _swap(state, STATE, OFFERED, IDLE):
-        _run_offered(state, functions, 0)
+        _run_offered(state, functions, CALL)
         return IDLE
     deadline, polls = _now(functions) + window, 0
     while _load(state, STATE) != DONE:
@@ -221,7 +236,7 @@ def _serve(state, functions, window):
     deadline, polls = _now(functions) + window, 0
     while _load(state, PYTHON_PART) == 0:
         if _load(state, STATE) == OFFERED and _swap(state, STATE, OFFERED, CLAIMED):
-            _run_offered(state, functions, 0)
+            _run_offered(state, functions, CALL)
             _store(state, STATE, DONE)
             deadline, polls = _now(functions) + window, 0
             continue
@@ -244,38 +259,6 @@ def _gemm_pointers(lib: ctypes.CDLL) -> tuple[int, int] | None:
     return None
 
 
-def _operand(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
-    """numpy's rule for a gemm operand: (transposition, leading dimension), or None where numpy does not call
-    gemm (no unit stride, a leading stride not a whole number of items or below the other dimension)."""
-    size, (s0, s1) = x.itemsize, x.strides
-    if s1 == size and s0 % size == 0 and cols <= s0 // size <= BLAS_MAX:
-        return NO_TRANS, s0 // size
-    if s0 == size and s1 % size == 0 and rows <= s1 // size <= BLAS_MAX:
-        return TRANS, s1 // size
-    return None
-
-
-def describe(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[int] | None:
-    """The gemm numpy's matmul makes for `a @ b` into `out` (the slots DOUBLE..LDC), or None where numpy would do
-    something else: other than 2-D float32/float64 of one dtype, a dimension below 2 (numpy's vector and scalar
-    routines), a non-gemm layout, misaligned data, a product of an array with its own transpose (syrk)."""
-    if not (a.ndim == b.ndim == out.ndim == 2 and a.dtype == b.dtype == out.dtype
-            and a.dtype in (np.float32, np.float64)):
-        return None
-    (m, k), n = a.shape, b.shape[1]
-    if min(m, n, k) < 2 or max(m, n, k) > BLAS_MAX or not (a.flags.aligned and b.flags.aligned and out.flags.aligned):
-        return None
-    first, second = _operand(a, m, k), _operand(b, k, n)
-    size = out.itemsize
-    if first is None or second is None or out.strides[1] != size or out.strides[0] % size \
-            or not n <= out.strides[0] // size <= BLAS_MAX:
-        return None
-    if a.ctypes.data == b.ctypes.data:
-        return None
-    return [int(a.dtype == np.float64), first[0], second[0], m, n, k, a.ctypes.data, first[1], b.ctypes.data,
-            second[1], out.ctypes.data, out.strides[0] // size]
-
-
 class Handoff:
     """The shared array and the compiled functions, once compiled; one per process (a forked child makes its
     own)."""
@@ -286,13 +269,14 @@ class Handoff:
         self.state[SLEEPING] = 1  # the helper is not polling: it waits on `wake` (or computes a Python part)
         self.wake = wake  # the semaphore the helper sleeps on (blas_threads' Python handover's too)
         self.handed = self.taken_back = 0  # parts the helper computed, and parts offered but computed by the caller
+        self.layouts = gemm_calls.SplitCalls()  # the parts' calls per layout of a split product
 
     def split(self, first: list[int], second: list[int]) -> bool:
         """Computes both described parts, the second on the helper if it claims it in time; whether it did. The
         caller holds blas_threads' helper lock: one split at a time."""
         state = self.state
-        state[DOUBLE:SLOTS] = second
-        state[SLOTS + DOUBLE:] = first
+        state[CALL:SLOTS] = second
+        state[SLOTS + CALL:] = first
         if _offer(state):
             self.wake.release()
         outcome = _own_then_wait(state, self.functions, SPIN_NS)
@@ -305,7 +289,11 @@ class Handoff:
         self.taken_back += 1
         return False
 
-    describe = staticmethod(describe)
+    describe = staticmethod(gemm_calls.describe)
+
+    def calls(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: gemm_calls.Parts) -> list[list[int]] | None:
+        """The calls of `parts(a, b, out)`, each as `describe` gives it, or None where one is not described."""
+        return self.layouts.calls(a, b, out, parts)
 
     def python_part(self) -> None:
         """Before a part is offered through the Python handover (and `wake` released): the helper stops polling."""

@@ -12,8 +12,11 @@ computes the first and hands the second to a helper thread when that is idle, ta
 helper has not started it by the time the first is done (cores busy; the helper is then left out for the
 next LATE_SKIP products). Each part is the same one-thread call whoever runs it, so the bits never
 depend on the load, the core count or whether the parts ran side by side: the rule reads the shape and
-dtype only (OpenBLAS's bits depend on its thread count, and a part's bits differ from the whole
-product's in the last places). JITGRAD_BLAS_SPLIT=0 (read at import) turns the split off: larger
+dtype only (OpenBLAS's bits depend on its thread count, and a row or column part's bits differ from the
+whole product's in the last places). A batched product is cut along a batch dimension where it can be
+(`_batch_axis`): numpy makes one gemm call per matrix, so its parts have the whole product's bits, and such
+products are cut from BATCH_SPLIT_FROM multiply-adds once the helper takes parts without the GIL (an attention's
+(16, 4, 64, 16) @ (16, 4, 16, 64): 0.11 against 0.15 ms). JITGRAD_BLAS_SPLIT=0 (read at import) turns the split off: larger
 products up to SMALL_PRODUCT then run on one thread, larger ones keep numpy's setting. SPLIT_FROM was 2^24
 until the medium LSTM's 2^23 and 2^24 products were measured split (bench/run.py, torch first, two runs each):
 its step took 33.7-34.5 ms against 40.2-40.5 unsplit (torch.compile 32.8-33.0 in the same runs), and beside a
@@ -102,9 +105,7 @@ _one_thread = _OneThread()
 
 def _batch(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     """Matrices in a (..., M, K) @ (..., K, N) product: its broadcast batch dimensions' product."""
-    if len(a_shape) == 2 and len(b_shape) == 2:
-        return 1
-    return math.prod(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    return math.prod(_batch_shape(a_shape, b_shape))
 
 
 def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
@@ -114,6 +115,9 @@ def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
 
 SPLIT_FROM = 1 << 22  # multiply-adds: above this a product is computed as PARTS one-thread products
 PARTS = 2  # fixed, like the rule's other inputs: never the machine's core count or load
+BATCH_CUT_MIN = 8  # a batch dimension of odd length is cut from this length on (else rows or columns are)
+BATCH_SPLIT_FROM = 1 << 21  # multiply-adds: batched products cut along their batch from here once handed off without
+# the GIL (`_cut_early`)
 LATE_SKIP = 2  # products run without the helper after it did not start in time (cores busy). It was 16: right
 # after torch's ops, whose OpenMP workers spin on a core for milliseconds, one late start then kept the helper out of
 # most of the medium transformer's split products after the spin had ended (58.3 ms a step against 39.2 at 2, 36-37
@@ -179,29 +183,30 @@ class _Helper:
         job = a = b = out = errors = None  # nothing held once the caller goes on: its buffer pool counts refs
         self.done.release()
 
-    def split(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    def split(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        """a @ b into out as the `_parts` of it, the second on the helper when it is free."""
         self.splits += 1
         if self.splits >= HANDOFF_AFTER and HANDOFF and not self.building:
             self.building = True
             background_job(self._build_handoff)
         if on_one_core.on:
-            _in_turn(parts)
+            _in_turn(_parts(a, b, out))
             return
-        if self.skip > 0 or len(parts) != 2 or not self.lock.acquire(blocking=False):
+        if self.skip > 0 or not self.lock.acquire(blocking=False):
             self.skip = max(self.skip - 1, 0)
-            _in_turn(parts)
+            _in_turn(_parts(a, b, out))
             return
         try:
             if self.thread is None:
                 self.thread = threading.Thread(target=self.run, name="jitgrad-blas-part", daemon=True)
                 self.thread.start()
             handoff = self.handoff if HANDOFF else None
-            gemms = [handoff.describe(*part) for part in parts] if handoff is not None else [None]
-            if all(gemms):
-                if not handoff.split(*gemms):  # the helper did not claim its part in time
+            calls = handoff.calls(a, b, out, _parts) if handoff is not None else None
+            if calls is not None:
+                if not handoff.split(*calls):  # the helper did not claim its part in time
                     self.skip = LATE_SKIP
             else:
-                self._split_in_python(parts, handoff)
+                self._split_in_python(_parts(a, b, out), handoff)
         finally:
             self.job = None  # the operands and output are not kept alive
             self.lock.release()
@@ -248,9 +253,29 @@ def _new_helper() -> None:
 os.register_at_fork(after_in_child=_new_helper)
 
 
+def _batch_axis(batch: tuple[int, ...]) -> int | None:
+    """The batch dimension a batched product is cut along: the first of even length, else the first of BATCH_CUT_MIN
+    or more (parts within an eighth of each other); None: rows or columns are cut."""
+    even = [d for d, n in enumerate(batch) if n >= PARTS and n % PARTS == 0]
+    long = [d for d, n in enumerate(batch) if n >= BATCH_CUT_MIN]
+    return even[0] if even else long[0] if long else None
+
+
 def _parts(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The product cut into PARTS slices of the output's larger dimension (rows, else columns), so that
-    the operand each part packs again is the smaller one. Fixed by the shapes alone."""
+    """The product cut into PARTS: a batched one along a batch dimension (`_batch_axis`), so each part has the
+    whole product's bits (numpy's matmul makes one call per matrix, the same in any stack); else slices of the
+    output's larger dimension (rows, else columns), so that the operand each part packs again is the smaller one.
+    Fixed by the shapes alone."""
+    batch = out.shape[:-2]
+    axis = _batch_axis(batch)
+    if axis is not None:
+        edges = [batch[axis] * i // PARTS for i in range(PARTS + 1)]
+
+        def cut(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+            at = axis - len(batch) + x.ndim - 2  # the axis in x (batch dimensions align at the right)
+            return x if at < 0 or x.shape[at] == 1 else x[(slice(None),) * at + (slice(lo, hi),)]
+
+        return [(cut(a, lo, hi), cut(b, lo, hi), cut(out, lo, hi)) for lo, hi in zip(edges, edges[1:])]
     m, n = a.shape[-2], b.shape[-1]
     along_rows = m >= n
     size = m if along_rows else n
@@ -260,21 +285,37 @@ def _parts(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[tuple[np.ndarr
     return [(a, b[..., lo:hi], out[..., lo:hi]) for lo, hi in zip(edges, edges[1:])]
 
 
+def _batch_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    return np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) if len(a_shape) > 2 or len(b_shape) > 2 else ()
+
+
 def _smallest_part_output(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     """Output elements of the smallest of `_parts`' slices (batch dimensions included)."""
     m, n = a_shape[-2], b_shape[-1]
-    return _batch(a_shape, b_shape) * (max(m, n) // PARTS) * min(m, n)
+    batch = _batch_shape(a_shape, b_shape)
+    axis = _batch_axis(batch)
+    if axis is not None:
+        return math.prod(batch) // batch[axis] * (batch[axis] // PARTS) * m * n
+    return math.prod(batch) * (max(m, n) // PARTS) * min(m, n)
 
 
-def splits(a: np.ndarray, b: np.ndarray, madds: int | None = None) -> bool:
-    """Whether matmul computes this product as PARTS one-thread products (a rule on shape and dtype). Not where a
-    part's output would have GIL_HELD_OUTPUT elements or fewer: numpy's matmul keeps the GIL through such a
-    product, so the helper could not start beside the caller's part."""
+def splits(a: np.ndarray, b: np.ndarray, madds: int | None = None, above: int = SPLIT_FROM) -> bool:
+    """Whether matmul computes this product as PARTS one-thread products (a rule on shape and dtype: products of
+    more than `above` multiply-adds). Not where a part's output would have GIL_HELD_OUTPUT elements or fewer:
+    numpy's matmul keeps the GIL through such a product, so the helper could not start beside the caller's part."""
     return (SPLIT and a.ndim >= 2 and b.ndim >= 2 and _one_thread.found is not None
-            and (multiply_adds(a.shape, b.shape) if madds is None else madds) > SPLIT_FROM
+            and (multiply_adds(a.shape, b.shape) if madds is None else madds) > above
             and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
             and max(a.shape[-2], b.shape[-1]) >= 2 * PARTS
             and _smallest_part_output(a.shape, b.shape) > GIL_HELD_OUTPUT)
+
+
+def _cut_early(a: np.ndarray, b: np.ndarray, madds: int) -> bool:
+    """Whether a batched product of up to SPLIT_FROM multiply-adds is cut along its batch anyway: once the helper
+    takes parts without the GIL, above BATCH_SPLIT_FROM. Its parts have the unsplit product's bits, so whether it
+    is cut changes no result."""
+    return (_helper.handoff is not None and HANDOFF and (a.ndim > 2 or b.ndim > 2)
+            and _batch_axis(_batch_shape(a.shape, b.shape)) is not None and splits(a, b, madds, BATCH_SPLIT_FROM))
 
 
 def matmul(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> np.ndarray:
@@ -284,7 +325,7 @@ def matmul(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> np.ndarray:
     if a.ndim < 2 or b.ndim < 2:
         return np.matmul(a, b, **kwargs)
     out, madds = kwargs.get("out"), multiply_adds(a.shape, b.shape)
-    split = splits(a, b, madds) and set(kwargs) <= {"out"} and (out is None or (
+    split = (splits(a, b, madds) or _cut_early(a, b, madds)) and set(kwargs) <= {"out"} and (out is None or (
         out.dtype == a.dtype and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)))
     if not split and madds > SMALL_PRODUCT:
         return np.matmul(a, b, **kwargs)
@@ -294,7 +335,7 @@ def matmul(a: np.ndarray, b: np.ndarray, **kwargs: Any) -> np.ndarray:
     try:
         if not split:
             return np.matmul(a, b, **kwargs)
-        _helper.split(_parts(a, b, out))
+        _helper.split(a, b, out)
         return out
     finally:
         if held:
