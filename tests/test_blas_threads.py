@@ -27,7 +27,7 @@ def two_threads():
 def products(dtype):
     rng = np.random.default_rng(0)
     return [(rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype))
-            for m, k, n in [(128, 128, 128), (133, 129, 97), (64, 256, 128)]]  # at most SPLIT_FROM multiply-adds
+            for m, k, n in [(256, 128, 128), (333, 129, 97), (64, 256, 256)]]
 
 
 def one_after_the_other(a, b):
@@ -88,15 +88,15 @@ def test_a_batched_product_is_cut_along_its_batch_with_the_whole_products_bits(t
     have the unsplit product's bits; a batch dimension of odd length below BATCH_CUT_MIN leaves rows cut."""
     setter, _ = two_threads
     rng = np.random.default_rng(5)
-    qkv = rng.standard_normal((16, 64, 192)).astype(np.float32)  # an attention's q and k: views of one array
-    q, k = (qkv[..., i * 64:(i + 1) * 64].reshape(16, 64, 4, 16).transpose(0, 2, 1, 3) for i in range(2))
+    qkv = rng.standard_normal((16, 64, 384)).astype(np.float32)  # an attention's q and k: views of one array
+    q, k = (qkv[..., i * 128:(i + 1) * 128].reshape(16, 64, 4, 32).transpose(0, 2, 1, 3) for i in range(2))
     cases = [(q, k.transpose(0, 1, 3, 2), 8), (rng.standard_normal((9, 2, 64, 128)).astype(np.float32),
                                                rng.standard_normal((2, 128, 96)).astype(np.float32), 9),
              (rng.standard_normal((9, 128, 256)), rng.standard_normal((256, 128)), 4)]
     for a, b, first_part in cases:
         out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
         parts = blas_threads._parts(a, b, out)
-        assert parts[0][2].shape[:-2] != out.shape[:-2] and parts[0][2].shape[:-2][0] == first_part
+        assert blas_threads.splits(a, b) and parts[0][2].shape[:-2] != out.shape[:-2] and parts[0][2].shape[:-2][0] == first_part
         setter(1)
         whole = np.matmul(a, b)
         setter(2)

@@ -198,7 +198,7 @@ def _offer(state):
 
 @numba.njit(types.int64(_state_type, _functions_type, types.int64), nogil=True, cache=True)
 def _own_then_wait(state, functions, window):
-    """Computes the caller's part (described at state[SLOTS:]), then the offered one if the helper has not
+    """Computes the caller's part (described at state[SLOTS + CALL:]), then the offered one if the helper has not
     claimed it (returns IDLE), else polls for the helper's for up to `window` ns (DONE, or CLAIMED if not yet)."""
     _run_offered(state, functions, SLOTS + CALL)
     if _swap(state, STATE, OFFERED, IDLE):

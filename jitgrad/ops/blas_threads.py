@@ -5,7 +5,7 @@ whose cores other work keeps busy, each split product waits for a thread that mu
 measured on 2 cores beside other jobs, the small transformer block's step took 190-350 ms in three of
 five fresh processes (each of its 68 products about 3 ms) against 6 ms with one OpenBLAS thread.
 So OpenBLAS's thread count is set to 1 around every product jitgrad runs and put back after it: products
-of at most SPLIT_FROM multiply-adds (up to 0.05 ms on one core) have numpy's one-thread bits. Products of
+of at most SPLIT_FROM multiply-adds (up to 0.3 ms on one core) have numpy's one-thread bits. Products of
 more than SPLIT_FROM multiply-adds are cut into PARTS slices of the output (rows, or
 columns when there are more of them), each an ordinary one-thread np.matmul into its slice; the caller
 computes the first and hands the second to a helper thread when that is idle, taking it back if the
@@ -14,17 +14,15 @@ next LATE_SKIP products). Each part is the same one-thread call whoever runs it,
 depend on the load, the core count or whether the parts ran side by side: the rule reads the shape and
 dtype only (OpenBLAS's bits depend on its thread count, and a row or column part's bits differ from the
 whole product's in the last places). A batched product is cut along a batch dimension where it can be
-(`_batch_axis`): numpy makes one gemm call per matrix, so its parts have the whole product's bits (an
-attention's (16, 4, 64, 16) @ (16, 4, 16, 64): 0.11 against 0.15 ms whole). JITGRAD_BLAS_SPLIT=0 (read at
+(`_batch_axis`): numpy makes one gemm call per matrix, so its parts have the whole product's bits. JITGRAD_BLAS_SPLIT=0 (read at
 import) turns the split off: larger products up to SMALL_PRODUCT then run on one thread, larger ones keep
 numpy's setting. SPLIT_FROM was 2^24 until the medium LSTM's 2^23 and 2^24 products were measured split
 (bench/run.py, torch first, two runs each): its step took 33.7-34.5 ms against 40.2-40.5 unsplit (torch.compile
 32.8-33.0 in the same runs), and beside a busy core 41.8 against 40.7 ms (the helper then mostly late, the parts
-in turn); no other row moved. It was 2^22 until parts were handed over without the GIL (blas_handoff): then
-products of 2^21 to 2^22 multiply-adds took 62-88 us split against 88-100 us whole, and the small transformer's
-step 0.963 of its time with 2^22 (two runs of 16 blocks alternating in one process); the small LSTM and conv
-net did not move. Until a process has built the handoff (its first HANDOFF_AFTER split products) those parts go
-through Python locks, which cost about as much as they gain.
+in turn); no other row moved. 2^21 was tried once parts were handed over without the GIL (blas_handoff) and not
+kept: products of 2^21 to 2^22 multiply-adds took 62-88 us split against 88-100 us whole, and the small
+transformer's step 0.963 of its time with 2^22 alone, but 1.021-1.033 of it right after eager torch's steps
+(torch's OpenMP worker then spins on the helper's core; docs/benchmarks.md).
 A product whose parts would each have GIL_HELD_OUTPUT output elements or fewer runs whole on one thread: numpy's
 matmul keeps the GIL through it, so the helper never started beside it, and each such product, found late,
 left the helper out of the next LATE_SKIP products (the medium conv net's first-layer weight gradient, 27 x 32768
@@ -117,7 +115,7 @@ def multiply_adds(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     return _batch(a_shape, b_shape) * a_shape[-2] * a_shape[-1] * b_shape[-1]
 
 
-SPLIT_FROM = 1 << 21  # multiply-adds: above this a product is computed as PARTS one-thread products
+SPLIT_FROM = 1 << 22  # multiply-adds: above this a product is computed as PARTS one-thread products
 PARTS = 2  # fixed, like the rule's other inputs: never the machine's core count or load
 BATCH_CUT_MIN = 8  # a batch dimension of odd length is cut from this length on (else rows or columns are)
 LATE_SKIP = 2  # products run without the helper after it did not start in time (cores busy). It was 16: right
@@ -288,6 +286,7 @@ def _parts(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[tuple[np.ndarr
 
 
 def _batch_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast batch dimensions of a (..., M, K) @ (..., K, N) product; () for two matrices."""
     return np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) if len(a_shape) > 2 or len(b_shape) > 2 else ()
 
 
