@@ -96,7 +96,8 @@ def test_a_batched_product_is_cut_along_its_batch_with_the_whole_products_bits(t
     for a, b, first_part in cases:
         out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
         parts = blas_threads._parts(a, b, out)
-        assert blas_threads.splits(a, b) and parts[0][2].shape[:-2] != out.shape[:-2] and parts[0][2].shape[:-2][0] == first_part
+        assert blas_threads.splits(a, b)
+        assert parts[0][2].shape[:-2] != out.shape[:-2] and parts[0][2].shape[:-2][0] == first_part
         setter(1)
         whole = np.matmul(a, b)
         setter(2)

@@ -14,15 +14,15 @@ next LATE_SKIP products). Each part is the same one-thread call whoever runs it,
 depend on the load, the core count or whether the parts ran side by side: the rule reads the shape and
 dtype only (OpenBLAS's bits depend on its thread count, and a row or column part's bits differ from the
 whole product's in the last places). A batched product is cut along a batch dimension where it can be
-(`_batch_axis`): numpy makes one gemm call per matrix, so its parts have the whole product's bits. JITGRAD_BLAS_SPLIT=0 (read at
-import) turns the split off: larger products up to SMALL_PRODUCT then run on one thread, larger ones keep
-numpy's setting. SPLIT_FROM was 2^24 until the medium LSTM's 2^23 and 2^24 products were measured split
-(bench/run.py, torch first, two runs each): its step took 33.7-34.5 ms against 40.2-40.5 unsplit (torch.compile
-32.8-33.0 in the same runs), and beside a busy core 41.8 against 40.7 ms (the helper then mostly late, the parts
-in turn); no other row moved. 2^21 was tried once parts were handed over without the GIL (blas_handoff) and not
-kept: products of 2^21 to 2^22 multiply-adds took 62-88 us split against 88-100 us whole, and the small
-transformer's step 0.963 of its time with 2^22 alone, but 1.021-1.033 of it right after eager torch's steps
-(torch's OpenMP worker then spins on the helper's core; docs/benchmarks.md).
+(`_batch_axis`): numpy makes one gemm call per matrix, so its parts have the whole product's bits.
+JITGRAD_BLAS_SPLIT=0 (read at import) turns the split off: larger products up to SMALL_PRODUCT then run on one
+thread, larger ones keep numpy's setting. SPLIT_FROM was 2^24 until the medium LSTM's 2^23 and 2^24 products
+were measured split (bench/run.py, torch first, two runs each): its step took 33.7-34.5 ms against 40.2-40.5
+unsplit (torch.compile 32.8-33.0 in the same runs), and beside a busy core 41.8 against 40.7 ms (the helper then
+mostly late, the parts in turn); no other row moved. 2^21 was tried once parts were handed over without the GIL
+(blas_handoff) and not kept: products of 2^21 to 2^22 multiply-adds took 62-88 us split against 88-100 us whole,
+and the small transformer's step 0.963 of its time with 2^22 alone, but 1.021-1.033 of it right after eager
+torch's steps (torch's OpenMP worker then spins on the helper's core; docs/benchmarks.md).
 A product whose parts would each have GIL_HELD_OUTPUT output elements or fewer runs whole on one thread: numpy's
 matmul keeps the GIL through it, so the helper never started beside it, and each such product, found late,
 left the helper out of the next LATE_SKIP products (the medium conv net's first-layer weight gradient, 27 x 32768
@@ -300,12 +300,12 @@ def _smallest_part_output(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) ->
     return math.prod(batch) * (max(m, n) // PARTS) * min(m, n)
 
 
-def splits(a: np.ndarray, b: np.ndarray, madds: int | None = None, above: int | None = None) -> bool:
-    """Whether matmul computes this product as PARTS one-thread products (a rule on shape and dtype: products of
-    more than `above` multiply-adds, SPLIT_FROM unless given). Not where a part's output would have GIL_HELD_OUTPUT elements or fewer:
-    numpy's matmul keeps the GIL through such a product, so the helper could not start beside the caller's part."""
+def splits(a: np.ndarray, b: np.ndarray, madds: int | None = None) -> bool:
+    """Whether matmul computes this product as PARTS one-thread products (a rule on shape and dtype). Not where a
+    part's output would have GIL_HELD_OUTPUT elements or fewer: numpy's matmul keeps the GIL through such a
+    product, so the helper could not start beside the caller's part."""
     return (SPLIT and a.ndim >= 2 and b.ndim >= 2 and _one_thread.found is not None
-            and (multiply_adds(a.shape, b.shape) if madds is None else madds) > (SPLIT_FROM if above is None else above)
+            and (multiply_adds(a.shape, b.shape) if madds is None else madds) > SPLIT_FROM
             and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
             and max(a.shape[-2], b.shape[-1]) >= 2 * PARTS
             and _smallest_part_output(a.shape, b.shape) > GIL_HELD_OUTPUT)
